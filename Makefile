@@ -1,0 +1,35 @@
+# dblog-delta: two commands on a fresh machine — `make demo` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SEEDS ?= 3
+
+.PHONY: setup services-up services-down lint test test-unit demo dagster clean
+
+setup:  ## install Debian packages, the virtual environment and the Spark jars (idempotent)
+	@bash scripts/setup.sh
+
+services-up: setup  ## start MariaDB, PostgreSQL and ZooKeeper on loopback (idempotent)
+	@$(PY) -m pipeline.cli services up
+
+services-down:
+	@$(PY) -m pipeline.cli services down
+
+lint: setup  ## ruff and mypy on the packages
+	@$(VENV)/bin/ruff check pipeline assets resources tests bench
+	@$(VENV)/bin/mypy
+
+test-unit: setup  ## the pure, service-free tests only
+	@$(PY) -m pytest tests/unit -q
+
+test: services-up lint  ## the whole suite against the real services (what CI runs)
+	@$(PY) -m pytest tests -q --seeds $(SEEDS)
+
+demo: services-up  ## the main job on the embedded default configuration
+	@$(PY) -m pipeline.demo
+
+dagster: services-up  ## the Dagster UI on http://127.0.0.1:3000
+	@$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean: services-down
+	rm -rf .dblog

@@ -1,0 +1,471 @@
+"""Local, real services on loopback for development, tests and the demo.
+
+``dblog services up|down|status|env`` starts MariaDB, PostgreSQL 15 and ZooKeeper from
+the Debian packages, each with data under ``$DBLOG_HOME`` (default ``.dblog/``) and its
+own port, never touching a system-wide instance. ``up`` is idempotent.
+
+Ports: ``DBLOG_MARIADB_PORT`` (13306), ``DBLOG_PG_PORT`` (15432), ``DBLOG_ZK_PORT`` (12181).
+Passwords: ``DBLOG_MARIADB_PASSWORD`` / ``DBLOG_PG_PASSWORD`` when set, else generated once and
+kept in ``$DBLOG_HOME/secrets.json`` (mode 0600); ``dblog services env`` prints them as
+``export`` lines for a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import ServiceError
+from pipeline.paths import dblog_home
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+ZK_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+START_TIMEOUT_S = 60.0
+
+PIPELINE_USER = "dblog"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the local services listen, and the pipeline user's credentials."""
+
+    mariadb_port: int
+    pg_port: int
+    zk_port: int
+    mariadb_password: str
+    pg_password: str
+    host: str = "127.0.0.1"
+    user: str = PIPELINE_USER
+
+    @property
+    def zk_hosts(self) -> str:
+        return f"{self.host}:{self.zk_port}"
+
+
+def _port(env: str, default: int) -> int:
+    raw = os.environ.get(env, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ServiceError(f"{env}={raw!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise ServiceError(f"{env}={value} is not a port number (1-65535)")
+    return value
+
+
+def _secrets(home: Path) -> dict[str, str]:
+    path = home / "secrets.json"
+    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    changed = False
+    for name in ("mariadb", "pg"):
+        if name not in stored:
+            stored[name] = secrets.token_urlsafe(18)
+            changed = True
+    if changed:
+        home.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored))
+        path.chmod(0o600)
+    return stored
+
+
+def endpoints(home: Path | None = None) -> Endpoints:
+    """The endpoints of the local services (ports and passwords, see module docstring)."""
+    home = home or dblog_home()
+    stored = _secrets(home)
+    return Endpoints(
+        mariadb_port=_port("DBLOG_MARIADB_PORT", 13306),
+        pg_port=_port("DBLOG_PG_PORT", 15432),
+        zk_port=_port("DBLOG_ZK_PORT", 12181),
+        mariadb_password=os.environ.get("DBLOG_MARIADB_PASSWORD", stored["mariadb"]),
+        pg_password=os.environ.get("DBLOG_PG_PASSWORD", stored["pg"]),
+    )
+
+
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def _need_binary(path: str, package: str) -> str:
+    found = shutil.which(path) if "/" not in path else (path if Path(path).exists() else None)
+    if not found:
+        raise ServiceError(
+            f"{path} not found: install the Debian package {package} (run `make setup`)"
+        )
+    return found
+
+
+def _wait(what: str, check: Callable[[], bool], log: Path, timeout: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    tail = log.read_text(errors="replace").splitlines()[-5:] if log.exists() else []
+    raise ServiceError(f"{what} did not become healthy in {timeout:.0f}s; log {log}: {tail}")
+
+
+def _check_port_free(name: str, port: int, env: str) -> None:
+    if _port_open(port):
+        raise ServiceError(
+            f"{name}: port {port} is already in use by another process; "
+            f"stop it or choose another port with {env}=..."
+        )
+
+
+def _as_postgres() -> list[str]:
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+class Service:
+    """One local service: start, stop, health."""
+
+    name: str = ""
+    port_env: str = ""
+
+    def __init__(self, home: Path, ep: Endpoints) -> None:
+        self.home = home
+        self.ep = ep
+        self.dir = home / self.name
+        self.log = home / "logs" / f"{self.name}.log"
+
+    @property
+    def port(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "run.pid"
+
+    def running(self) -> bool:
+        return _pid_alive(self.pid_file) is not None
+
+    def healthy(self) -> bool:
+        raise NotImplementedError
+
+    def up(self) -> str:
+        if self.running():
+            if not self.healthy():
+                _wait(self.name, self.healthy, self.log)
+            return f"{self.name}: already running on 127.0.0.1:{self.port}"
+        _check_port_free(self.name, self.port, self.port_env)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._start()
+        _wait(self.name, self.healthy, self.log)
+        self._after_start()
+        return f"{self.name}: started on 127.0.0.1:{self.port}"
+
+    def down(self) -> str:
+        pid = _pid_alive(self.pid_file)
+        if pid is None:
+            return f"{self.name}: not running"
+        self._stop(pid)
+        return f"{self.name}: stopped"
+
+    def status(self) -> str:
+        if not self.running():
+            return f"{self.name}: stopped"
+        state = "healthy" if self.healthy() else "NOT healthy"
+        return f"{self.name}: running on 127.0.0.1:{self.port}, {state}"
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _after_start(self) -> None:
+        pass
+
+    def _stop(self, pid: int) -> None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _pid_alive(self.pid_file) == pid:
+            time.sleep(0.2)
+        if _pid_alive(self.pid_file) == pid:
+            os.kill(pid, signal.SIGKILL)
+
+    def _spawn(self, argv: list[str]) -> int:
+        with self.log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return proc.pid
+
+
+class MariaDB(Service):
+    name = "mariadb"
+    port_env = "DBLOG_MARIADB_PORT"
+
+    @property
+    def port(self) -> int:
+        return self.ep.mariadb_port
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "mysqld.sock"
+
+    @property
+    def cnf(self) -> Path:
+        return self.dir / "my.cnf"
+
+    def _write_cnf(self) -> None:
+        data = self.dir / "data"
+        self.cnf.write_text(
+            "[mariadbd]\n"
+            f"datadir={data}\nsocket={self.socket_path}\nport={self.port}\n"
+            f"pid-file={self.pid_file}\nbind-address=127.0.0.1\nuser=root\n"
+            "skip-name-resolve\nserver-id=1\n"
+            f"log-bin={data}/mysql-bin\nbinlog_format=ROW\nbinlog_row_image=FULL\n"
+            "binlog_row_metadata=FULL\nexpire_logs_days=7\n"
+            "character-set-server=utf8mb4\ncollation-server=utf8mb4_unicode_ci\n"
+            "innodb_buffer_pool_size=256M\ninnodb_flush_log_at_trx_commit=2\nsync_binlog=0\n"
+            "max_connections=300\n"
+            f"log-error={self.log}\n"
+        )
+
+    def _start(self) -> None:
+        mariadbd = _need_binary("mariadbd", "mariadb-server")
+        install_db = _need_binary("mariadb-install-db", "mariadb-server")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_cnf()
+        if not (self.dir / "data" / "mysql").exists():
+            result = subprocess.run(
+                [install_db, f"--defaults-file={self.cnf}", "--user=root",
+                 "--auth-root-authentication-method=socket", "--skip-test-db"],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise ServiceError(f"mariadb-install-db failed: {result.stderr.strip()[-300:]}")
+        self._spawn([mariadbd, f"--defaults-file={self.cnf}"])
+
+    def root_sql(self, sql: str) -> str:
+        """Run SQL as the local root over the unix socket (set-up only)."""
+        client = _need_binary("mariadb", "mariadb-client")
+        result = subprocess.run(
+            [client, "--protocol=socket", f"--socket={self.socket_path}", "-uroot", "-N", "-e", sql],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise ServiceError(f"mariadb: {result.stderr.strip()}")
+        return result.stdout
+
+    def healthy(self) -> bool:
+        if not self.socket_path.exists():
+            return False
+        try:
+            self.root_sql("SELECT 1")
+        except ServiceError:
+            return False
+        return True
+
+    def _after_start(self) -> None:
+        import pymysql
+
+        conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                user = (self.ep.user, "127.0.0.1")
+                cur.execute("CREATE USER IF NOT EXISTS %s@%s IDENTIFIED BY %s",
+                            (*user, self.ep.mariadb_password))
+                cur.execute("ALTER USER %s@%s IDENTIFIED BY %s", (*user, self.ep.mariadb_password))
+                cur.execute("GRANT ALL PRIVILEGES ON *.* TO %s@%s WITH GRANT OPTION", user)
+        finally:
+            conn.close()
+
+
+class Postgres(Service):
+    name = "postgres"
+    port_env = "DBLOG_PG_PORT"
+
+    @property
+    def port(self) -> int:
+        return self.ep.pg_port
+
+    @property
+    def data(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data / "postmaster.pid"
+
+    def _run(self, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_as_postgres() + argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload, no-any-return]
+
+    def _start(self) -> None:
+        _need_binary(str(PG_BIN / "initdb"), "postgresql-15")
+        if not Path("/usr/lib/postgresql/15/lib/wal2json.so").exists():
+            raise ServiceError("wal2json not found: install postgresql-15-wal2json (make setup)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "run").mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            shutil.chown(self.dir / "run", "postgres", "postgres")
+            self.home.chmod(self.home.stat().st_mode | 0o011)
+            self.log.parent.chmod(0o777)
+        if not (self.data / "PG_VERSION").exists():
+            pwfile = self.dir / "pwfile"
+            pwfile.write_text(self.ep.pg_password + "\n")
+            pwfile.chmod(0o600)
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            result = self._run([
+                str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                "--auth-local=peer", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
+                "-E", "UTF8", "--locale=C.UTF-8",
+            ])
+            pwfile.unlink()
+            if result.returncode != 0:
+                raise ServiceError(f"initdb failed: {result.stderr.strip()[-300:]}")
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.write(
+                    "\n# dblog-delta local service\n"
+                    "listen_addresses = '127.0.0.1'\n"
+                    f"unix_socket_directories = '{self.dir / 'run'}'\n"
+                    "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n"
+                    "shared_buffers = 128MB\nfsync = off\nsynchronous_commit = off\n"
+                )
+        self.log.touch()
+        if os.geteuid() == 0:
+            shutil.chown(self.log, "postgres", "postgres")
+        result = self._run([
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+            "-o", f"-p {self.port}", "-w", "-t", "60", "start",
+        ])
+        if result.returncode != 0:
+            raise ServiceError(f"pg_ctl start failed: {(result.stderr or result.stdout).strip()}")
+
+    def psql(self, sql: str, db: str = "postgres") -> str:
+        """Run SQL as the local superuser over the unix socket (set-up only)."""
+        result = self._run([
+            str(PG_BIN / "psql"), "-h", str(self.dir / "run"), "-p", str(self.port),
+            "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1", "-Atc", sql,
+        ])
+        if result.returncode != 0:
+            raise ServiceError(f"postgres: {result.stderr.strip()}")
+        return str(result.stdout)
+
+    def healthy(self) -> bool:
+        result = self._run([
+            str(PG_BIN / "pg_isready"), "-h", str(self.dir / "run"), "-p", str(self.port),
+        ])
+        return result.returncode == 0
+
+    def _after_start(self) -> None:
+        # The password reaches psql through its environment and :'pw' quoting: it is in
+        # neither the SQL text nor the process list.
+        sql = (
+            "\\getenv pw DBLOG_PG_NEW_PASSWORD\n"
+            "SELECT format('%s ROLE %I WITH LOGIN REPLICATION SUPERUSER PASSWORD %L',"
+            " CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'user')"
+            " THEN 'ALTER' ELSE 'CREATE' END, :'user', :'pw') \\gexec\n"
+        )
+        result = subprocess.run(
+            _as_postgres() + [
+                str(PG_BIN / "psql"), "-h", str(self.dir / "run"), "-p", str(self.port),
+                "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q",
+                "-v", f"user={self.ep.user}", "-f", "-",
+            ],
+            input=sql, capture_output=True, text=True,
+            env={**os.environ, "DBLOG_PG_NEW_PASSWORD": self.ep.pg_password},
+        )
+        if result.returncode != 0:
+            raise ServiceError(f"postgres: creating the pipeline role failed: {result.stderr.strip()}")
+
+    def _stop(self, pid: int) -> None:
+        self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])
+
+
+class ZooKeeper(Service):
+    name = "zookeeper"
+    port_env = "DBLOG_ZK_PORT"
+
+    @property
+    def port(self) -> int:
+        return self.ep.zk_port
+
+    def _start(self) -> None:
+        java = _need_binary("java", "openjdk-17-jre-headless")
+        if not Path("/usr/share/java/zookeeper.jar").exists():
+            raise ServiceError("ZooKeeper not found: install the Debian package zookeeper")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.dir / "zoo.cfg"
+        cfg.write_text(
+            f"dataDir={self.dir / 'data'}\nclientPort={self.port}\n"
+            "clientPortAddress=127.0.0.1\ntickTime=2000\ninitLimit=10\nsyncLimit=5\n"
+            "maxClientCnxns=200\nadmin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
+            "autopurge.purgeInterval=1\n"
+        )
+        pid = self._spawn([
+            java, "-Xmx256m", "-Dzookeeper.log.dir=" + str(self.log.parent),
+            "-Dzookeeper.root.logger=INFO,CONSOLE", "-cp", ZK_CLASSPATH,
+            "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg),
+        ])
+        self.pid_file.write_text(str(pid))
+
+    def healthy(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"ruok")
+                return sock.recv(8) == b"imok"
+        except OSError:
+            return False
+
+
+SERVICES: tuple[type[Service], ...] = (MariaDB, Postgres, ZooKeeper)
+
+
+def _all(home: Path | None = None) -> list[Service]:
+    home = home or dblog_home()
+    ep = endpoints(home)
+    return [cls(home, ep) for cls in SERVICES]
+
+
+def up(home: Path | None = None) -> list[str]:
+    """Start every local service that is not running; return one line per service."""
+    return [svc.up() for svc in _all(home)]
+
+
+def down(home: Path | None = None) -> list[str]:
+    """Stop the local services."""
+    return [svc.down() for svc in _all(home)]
+
+
+def status(home: Path | None = None) -> list[str]:
+    """One status line per local service."""
+    return [svc.status() for svc in _all(home)]
+
+
+def env_lines(home: Path | None = None) -> list[str]:
+    """``export`` lines describing the local services, for a shell or a config."""
+    ep = endpoints(home)
+    return [
+        f"export DBLOG_MARIADB_PORT={ep.mariadb_port}",
+        f"export DBLOG_PG_PORT={ep.pg_port}",
+        f"export DBLOG_ZK_PORT={ep.zk_port}",
+        f"export DBLOG_MARIADB_PASSWORD={ep.mariadb_password}",
+        f"export DBLOG_PG_PASSWORD={ep.pg_password}",
+    ]

@@ -1,0 +1,79 @@
+"""The one place a SparkSession is built: Delta configured from local jar files.
+
+Spark never downloads at session start: ``make setup`` fetches the jars listed in
+``jars/pom.xml`` with Maven into :func:`pipeline.paths.jars_dir`, and the session puts
+exactly those files on the driver and executor class paths.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError
+from pipeline.paths import dblog_home, jars_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REQUIRED_JAR_PREFIXES = ("delta-spark_", "delta-storage-", "mariadb-java-client-", "postgresql-")
+
+
+def local_jars(directory: Path | None = None) -> list[Path]:
+    """The jar files Spark needs, or a clear error naming what is missing."""
+    directory = directory or jars_dir()
+    jars = sorted(directory.glob("*.jar")) if directory.exists() else []
+    missing = [p for p in REQUIRED_JAR_PREFIXES if not any(j.name.startswith(p) for j in jars)]
+    if missing:
+        raise ConfigError(
+            f"jars missing in {directory}: {', '.join(missing)}*.jar; run `make setup` "
+            "(fetches them with Maven from jars/pom.xml)"
+        )
+    return jars
+
+
+def spark_conf(
+    *, master: str | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The Spark configuration dblog uses (Delta extension and catalog, local jars)."""
+    jars = ",".join(str(j) for j in local_jars())
+    warehouse = dblog_home() / "spark-warehouse"
+    conf = {
+        "spark.master": master or os.environ.get("DBLOG_SPARK_MASTER", "local[2]"),
+        "spark.app.name": "dblog-delta",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.jars": jars,
+        "spark.jars.packages": "",
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(warehouse),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={dblog_home() / 'derby'}",
+        "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "4"),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        "spark.databricks.delta.properties.defaults.enableChangeDataFeed": "true",
+        "spark.sql.ansi.enabled": "false",
+        "spark.driver.memory": os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"),
+    }
+    conf.update(extra or {})
+    return conf
+
+
+def build_spark_session(
+    *, master: str | None = None, extra: Mapping[str, str] | None = None
+) -> SparkSession:
+    """Get or create the SparkSession with Delta from local jars (``local[2]`` by default)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder
+    for key, value in spark_conf(master=master, extra=extra).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(os.environ.get("DBLOG_SPARK_LOG_LEVEL", "ERROR"))
+    return session
