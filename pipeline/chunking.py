@@ -1,0 +1,158 @@
+"""Pure primary-key range planning for chunked table capture.
+
+Bounds convention: a :class:`KeyRange` is the half-open interval
+``(lower, upper]`` -- ``lower`` EXCLUSIVE, ``upper`` INCLUSIVE -- and ``None``
+means unbounded on that side. The same convention is used for chunks: a chunk
+query asks for keys ``> last_key`` (the last key of the previous chunk, or the
+range's ``lower``) and ``<= range_end``, ordered by key, with a ``LIMIT``.
+
+Keys are tuples compared lexicographically, which matches SQL row-value
+ordering for non-NULL values. Primary-key components are never NULL, so range
+functions reject ``None`` components; :func:`key_order` gives a total order
+that tolerates ``None`` for sorting only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.events import Key
+
+__all__ = [
+    "KeyRange",
+    "contains",
+    "key_order",
+    "next_chunk_predicate",
+    "plan_ranges",
+]
+
+
+def key_order(key: Key) -> tuple[tuple[bool, Any], ...]:
+    """Sort key giving a total order over keys that may contain ``None``.
+
+    Each component ``v`` maps to ``(v is not None, v)``: ``None`` sorts before
+    every value of its position (like MySQL ``NULLS FIRST``; PostgreSQL sorts
+    NULLs last, so do not rely on NULL placement matching the database) and is
+    never compared with a value. Non-``None`` components of one position must
+    be mutually comparable (ints, or strs, ...), else ``TypeError``.
+    """
+    return tuple((v is not None, v) for v in key)
+
+
+def _check_key(key: Key, what: str) -> None:
+    if any(v is None for v in key):
+        raise ValueError(f"{what} must not contain None (NULL): {key!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRange:
+    """Keys ``k`` with ``lower < k <= upper``; ``None`` bounds are unbounded."""
+
+    lower: Key | None = None
+    upper: Key | None = None
+
+    def __post_init__(self) -> None:
+        if self.lower is not None:
+            _check_key(self.lower, "lower bound")
+        if self.upper is not None:
+            _check_key(self.upper, "upper bound")
+        if self.lower is not None and self.upper is not None and not self.lower < self.upper:
+            raise ValueError(f"empty key range: ({self.lower!r}, {self.upper!r}]")
+
+    def contains(self, key: Key) -> bool:
+        """Whether ``lower < key <= upper``."""
+        return contains(self, key)
+
+
+def contains(key_range: KeyRange, key: Key) -> bool:
+    """Whether ``key`` lies in ``key_range`` (``lower`` exclusive, ``upper`` inclusive)."""
+    _check_key(key, "key")
+    if key_range.lower is not None and not key > key_range.lower:
+        return False
+    return key_range.upper is None or key <= key_range.upper
+
+
+def plan_ranges(sorted_boundary_keys: Sequence[Key]) -> list[KeyRange]:
+    """Split the whole key space at strictly increasing boundary keys.
+
+    ``[b1, ..., bn]`` gives ``(None, b1], (b1, b2], ..., (bn-1, bn], (bn, None)``:
+    the ranges are disjoint, contiguous, cover every key, and the last is
+    open-ended so rows inserted above ``bn`` are still captured. No boundaries
+    give the single range ``(None, None)``.
+    """
+    ranges: list[KeyRange] = []
+    previous: Key | None = None
+    for boundary in sorted_boundary_keys:
+        _check_key(boundary, "boundary key")
+        if previous is not None and not previous < boundary:
+            raise ValueError(f"boundary keys not strictly increasing: {previous!r}, {boundary!r}")
+        ranges.append(KeyRange(previous, boundary))
+        previous = boundary
+    ranges.append(KeyRange(previous, None))
+    return ranges
+
+
+def _expand(
+    columns: Sequence[str], key: Key, last_op: str, leading_op: str, placeholder: str
+) -> tuple[str, list[Any]]:
+    """Row-value-free ``(c1, .., cn) <last_op> key`` for ``last_op`` ``>`` or ``<=``.
+
+    ``(c1 > ?) OR (c1 = ? AND c2 > ?) OR ...``; the strict operator applies to
+    all but the last column. For composite keys a redundant ``c1 >= ?`` (or
+    ``c1 <= ?``) conjunct is prepended so both MySQL and PostgreSQL can use an
+    index range scan on the leading key column.
+    """
+    if len(columns) != len(key):
+        raise ValueError(f"key {key!r} does not match {len(columns)} key columns")
+    _check_key(key, "key")
+    strict = last_op[0]  # '>' from '>', '<' from '<='
+    disjuncts: list[str] = []
+    params: list[Any] = []
+    for i in range(len(columns)):
+        terms = [f"{columns[j]} = {placeholder}" for j in range(i)]
+        op = last_op if i == len(columns) - 1 else strict
+        terms.append(f"{columns[i]} {op} {placeholder}")
+        disjuncts.append("(" + " AND ".join(terms) + ")")
+        params.extend(key[: i + 1])
+    sql = " OR ".join(disjuncts)
+    if len(columns) > 1:
+        sql = f"{columns[0]} {leading_op} {placeholder} AND ({sql})"
+        params.insert(0, key[0])
+    return f"({sql})", params
+
+
+def next_chunk_predicate(
+    key_columns: Sequence[str],
+    last_key: Key | None,
+    range_end: Key | None,
+    *,
+    quote_ident: Callable[[str], str],
+    placeholder: str = "%s",
+) -> tuple[str, list[Any]]:
+    """SQL ``WHERE`` predicate and params for keys in ``(last_key, range_end]``.
+
+    ``last_key`` is the previous chunk's last key (or the range's ``lower``);
+    ``None`` on either side drops that bound (``"1 = 1"`` if both are None).
+    Identifiers go through ``quote_ident``; values are only ever passed as
+    ``placeholder`` parameters (``%s`` suits PyMySQL and psycopg). Composite
+    keys are expanded without row-value comparison, e.g. for ``(a, b) > (x, y)``:
+    ``(a >= %s AND ((a > %s) OR (a = %s AND b > %s)))`` with ``[x, x, x, y]``.
+    """
+    if not key_columns:
+        raise ValueError("at least one key column is required")
+    columns = [quote_ident(c) for c in key_columns]
+    parts: list[str] = []
+    params: list[Any] = []
+    if last_key is not None:
+        sql, p = _expand(columns, last_key, ">", ">=", placeholder)
+        parts.append(sql)
+        params.extend(p)
+    if range_end is not None:
+        sql, p = _expand(columns, range_end, "<=", "<=", placeholder)
+        parts.append(sql)
+        params.extend(p)
+    if not parts:
+        return "1 = 1", []
+    return " AND ".join(parts), params
