@@ -119,7 +119,9 @@ def _need_binary(path: str, package: str) -> str:
     return found
 
 
-def _wait(what: str, check: Callable[[], bool], log: Path, timeout: float = START_TIMEOUT_S) -> None:
+def _wait(
+    what: str, check: Callable[[], bool], log: Path, timeout: float = START_TIMEOUT_S
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -265,7 +267,8 @@ class MariaDB(Service):
         """Run SQL as the local root over the unix socket (set-up only)."""
         client = _need_binary("mariadb", "mariadb-client")
         result = subprocess.run(
-            [client, "--protocol=socket", f"--socket={self.socket_path}", "-uroot", "-N", "-e", sql],
+            [client, "--protocol=socket", f"--socket={self.socket_path}", "-uroot", "-N",
+             "-e", sql],
             capture_output=True, text=True,
         )
         if result.returncode != 0:
@@ -393,7 +396,9 @@ class Postgres(Service):
             env={**os.environ, "DBLOG_PG_NEW_PASSWORD": self.ep.pg_password},
         )
         if result.returncode != 0:
-            raise ServiceError(f"postgres: creating the pipeline role failed: {result.stderr.strip()}")
+            raise ServiceError(
+                f"postgres: creating the pipeline role failed: {result.stderr.strip()}"
+            )
 
     def _stop(self, pid: int) -> None:
         self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])

@@ -1,0 +1,209 @@
+"""The pipeline's YAML configuration, validated at load time.
+
+Secrets are never in the file: the source names the environment variable that holds its
+password (``password_env``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import ConfigError
+from pipeline.events import TableId
+from pipeline.paths import dblog_home
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the source database is and how to log in."""
+
+    name: str
+    kind: str
+    host: str
+    port: int
+    user: str
+    password_env: str
+    server_id: int = 5401
+    watermark_database: str = "dblog"
+
+    @property
+    def password(self) -> str:
+        try:
+            return os.environ[self.password_env]
+        except KeyError:
+            raise ConfigError(
+                f"source {self.name!r}: environment variable {self.password_env} "
+                "(its password) is not set"
+            ) from None
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One captured table and its own chunk size."""
+
+    table: TableId
+    chunk_size: int
+
+
+@dataclass(frozen=True)
+class TailConfig:
+    batch_max_events: int = 20000
+    batch_max_seconds: float = 2.0
+    poll_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    chunk_size: int = 2000
+    max_in_flight: int = 4
+    range_rows: int = 100000
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything ``dblog`` and the Dagster definitions need."""
+
+    source: SourceConfig
+    tables: tuple[TableConfig, ...]
+    lake: Path
+    zookeeper_hosts: str
+    zookeeper_root: str = "dblog"
+    tail: TailConfig = field(default_factory=TailConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    spark_master: str | None = None
+
+    def table(self, name: str | TableId) -> TableConfig:
+        wanted = name if isinstance(name, TableId) else TableId.parse(name)
+        for tc in self.tables:
+            if tc.table == wanted:
+                return tc
+        known = ", ".join(str(t.table) for t in self.tables)
+        raise ConfigError(f"table {wanted} is not in the configuration (configured: {known})")
+
+    @property
+    def table_ids(self) -> tuple[TableId, ...]:
+        return tuple(t.table for t in self.tables)
+
+
+def _expand(value: str) -> str:
+    return os.path.expandvars(value)
+
+
+def _require(data: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
+    if key not in data:
+        raise ConfigError(f"config: {where}.{key} is missing")
+    value = data[key]
+    if kind is int and isinstance(value, str):
+        try:
+            value = int(_expand(value))
+        except ValueError:
+            raise ConfigError(f"config: {where}.{key} must be a whole number") from None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"config: {where}.{key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _positive(value: Any, where: str, kind: type = int) -> Any:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"config: {where} must be a positive number, got {value!r}")
+    return kind(value)
+
+
+def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
+    """Validate a parsed YAML document into a :class:`PipelineConfig`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("config: the top level must be a mapping")
+    unknown = set(data) - {"source", "tables", "lake", "zookeeper", "tail", "capture", "spark"}
+    if unknown:
+        raise ConfigError(f"config: unknown top-level keys: {', '.join(sorted(unknown))}")
+    src = data.get("source")
+    if not isinstance(src, Mapping):
+        raise ConfigError("config: source must be a mapping")
+    kind = _require(src, "kind", "source", str)
+    if kind not in ("mariadb", "mysql"):
+        raise ConfigError(f"config: source.kind {kind!r} is not supported (mariadb, mysql)")
+    source = SourceConfig(
+        name=_require(src, "name", "source", str),
+        kind=kind,
+        host=_expand(_require(src, "host", "source", str)),
+        port=_require(src, "port", "source", int),
+        user=_expand(_require(src, "user", "source", str)),
+        password_env=_require(src, "password_env", "source", str),
+        server_id=int(src.get("server_id", 5401)),
+        watermark_database=str(src.get("watermark_database", "dblog")),
+    )
+    if not source.name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"config: source.name {source.name!r}: use letters, digits, - and _")
+    capture_data = data.get("capture") or {}
+    capture = CaptureConfig(
+        chunk_size=_positive(capture_data.get("chunk_size", 2000), "capture.chunk_size"),
+        max_in_flight=_positive(capture_data.get("max_in_flight", 4), "capture.max_in_flight"),
+        range_rows=_positive(capture_data.get("range_rows", 100000), "capture.range_rows"),
+    )
+    raw_tables = data.get("tables")
+    if not isinstance(raw_tables, list) or not raw_tables:
+        raise ConfigError("config: tables must be a non-empty list of DATABASE.TABLE")
+    tables: list[TableConfig] = []
+    for i, entry in enumerate(raw_tables):
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, Mapping) or "name" not in entry:
+            raise ConfigError(f"config: tables[{i}] must be DATABASE.TABLE or {{name: ...}}")
+        try:
+            tid = TableId.parse(str(entry["name"]))
+        except ValueError as exc:
+            raise ConfigError(f"config: tables[{i}]: {exc}") from None
+        size = _positive(entry.get("chunk_size", capture.chunk_size), f"tables[{i}].chunk_size")
+        tables.append(TableConfig(tid, size))
+    if len({t.table for t in tables}) != len(tables):
+        raise ConfigError("config: a table is listed twice")
+    lake_raw = data.get("lake", str(dblog_home() / "lake"))
+    if not isinstance(lake_raw, str):
+        raise ConfigError("config: lake must be a path")
+    lake = Path(_expand(lake_raw))
+    if not lake.is_absolute():
+        lake = (base_dir or Path.cwd()) / lake
+    zk = data.get("zookeeper") or {}
+    if not isinstance(zk, Mapping):
+        raise ConfigError("config: zookeeper must be a mapping")
+    tail_data = data.get("tail") or {}
+    tail = TailConfig(
+        batch_max_events=_positive(tail_data.get("batch_max_events", 20000),
+                                   "tail.batch_max_events"),
+        batch_max_seconds=_positive(tail_data.get("batch_max_seconds", 2.0),
+                                    "tail.batch_max_seconds", float),
+        poll_seconds=_positive(tail_data.get("poll_seconds", 0.5), "tail.poll_seconds", float),
+    )
+    spark = data.get("spark") or {}
+    return PipelineConfig(
+        source=source,
+        tables=tuple(tables),
+        lake=lake.resolve(),
+        zookeeper_hosts=_expand(str(zk.get("hosts", "127.0.0.1:${DBLOG_ZK_PORT}"))).replace(
+            "${DBLOG_ZK_PORT}", os.environ.get("DBLOG_ZK_PORT", "12181")
+        ),
+        zookeeper_root=str(zk.get("root", "dblog")),
+        tail=tail,
+        capture=capture,
+        spark_master=spark.get("master") if isinstance(spark, Mapping) else None,
+    )
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML config file; ConfigError names what is wrong."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: {path} is not valid YAML: {exc}".splitlines()[0]) from None
+    return parse_config(data, base_dir=path.parent)

@@ -1,0 +1,6 @@
+"""Delta Lake output: changelog (append-only, ordered), mirror (one row per key), staging."""
+
+from pipeline.lake.layout import LakeLayout
+from pipeline.lake.sink import BatchResult, DeltaSink, EmissionResult
+
+__all__ = ["BatchResult", "DeltaSink", "EmissionResult", "LakeLayout"]

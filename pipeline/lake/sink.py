@@ -1,0 +1,391 @@
+"""Writes the tailer's ordered micro-batches into Delta: changelog append + mirror MERGE.
+
+The log tailer is the only writer of ``changelog`` and ``mirror``. Each micro-batch is
+written per table with Delta's idempotent-write markers (``txnAppId`` = the source,
+``txnVersion`` = the batch number), so a batch replayed after a crash is skipped by Delta
+itself. Chunk rows never pass through Python: an emission reads the staged chunk, drops the
+window's seen keys with an anti-join and numbers the rest after the high watermark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.errors import DblogError
+from pipeline.events import ChangeEvent, Op, TableId
+from pipeline.lake.layout import LakeLayout
+from pipeline.lake.types import spark_type, struct_of
+from pipeline.sources.base import Column, TableSchema
+from pipeline.window import ChunkEmission
+
+META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
+WINDOW_COLUMN = "_dblog_window_id"
+TABLE_PROPERTIES = {
+    "delta.enableChangeDataFeed": "true",
+    "delta.appendOnly": "false",
+}
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+class SchemaEvolutionError(DblogError):
+    """A column changed type in a way Delta cannot widen."""
+
+
+@dataclass(frozen=True)
+class EmissionResult:
+    """How one chunk emission went: rows emitted and rows dropped by the window."""
+
+    window_id: str
+    table: TableId
+    rows_emitted: int
+
+
+@dataclass
+class BatchResult:
+    """What one micro-batch wrote."""
+
+    batch: int
+    events_written: int = 0
+    emissions: list[EmissionResult] = field(default_factory=list)
+
+
+@dataclass
+class TableBatch:
+    """One table's share of a micro-batch, in log order."""
+
+    table: TableId
+    events: list[ChangeEvent] = field(default_factory=list)
+    emissions: list[ChunkEmission] = field(default_factory=list)
+
+
+def _ts(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def changelog_schema(columns: Sequence[Column]) -> T.StructType:
+    row = struct_of(columns)
+    source = T.StructType([
+        T.StructField("name", T.StringType()),
+        T.StructField("database", T.StringType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("commit_ts", T.TimestampType()),
+    ])
+    return T.StructType([
+        T.StructField("op", T.StringType(), False),
+        T.StructField("before", row),
+        T.StructField("after", row),
+        T.StructField("source", source),
+        T.StructField("_dblog_lsn", T.LongType(), False),
+        T.StructField("_dblog_seq", T.LongType(), False),
+        T.StructField(WINDOW_COLUMN, T.StringType()),
+        T.StructField("_dblog_batch", T.LongType()),
+    ])
+
+
+def mirror_schema(columns: Sequence[Column]) -> T.StructType:
+    fields = list(struct_of(columns).fields)
+    fields += [T.StructField(c, T.LongType(), False) for c in META_COLUMNS]
+    return T.StructType(fields)
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _newer(s: str, t: str) -> str:
+    return (
+        f"({s}._dblog_lsn > {t}._dblog_lsn OR "
+        f"({s}._dblog_lsn = {t}._dblog_lsn AND {s}._dblog_seq > {t}._dblog_seq))"
+    )
+
+
+class DeltaSink:
+    """Delta writer for one source's tables (changelog, mirror, staging)."""
+
+    def __init__(self, spark: SparkSession, layout: LakeLayout) -> None:
+        # Own SQL conf: idempotent-DML markers are session settings.
+        self.spark = spark.newSession()
+        self.layout = layout
+        self._columns: dict[TableId, list[Column]] = {}
+        self._keys: dict[TableId, tuple[str, ...]] = {}
+
+    # ---- tables and schema ------------------------------------------------------------
+
+    def _exists(self, path: str) -> bool:
+        from delta.tables import DeltaTable
+
+        return bool(DeltaTable.isDeltaTable(self.spark, path))
+
+    def known_columns(self, table: TableId) -> list[Column]:
+        """The columns the lake holds for ``table`` (a superset of every schema seen)."""
+        if table not in self._columns and self._exists(self.layout.mirror(table)):
+            schema = self.spark.read.format("delta").load(self.layout.mirror(table)).schema
+            self._columns[table] = [
+                Column(f.name, f.dataType.simpleString().upper())
+                for f in schema.fields if f.name not in META_COLUMNS
+            ]
+            meta = json.loads(
+                self.spark.sql(f"DESCRIBE DETAIL delta.{_quote(self.layout.mirror(table))}")
+                .select("properties").first()["properties"].get("dblog.key", "[]")  # type: ignore[index]
+            )
+            self._keys[table] = tuple(meta)
+        return self._columns.get(table, [])
+
+    def ensure_schema(self, schema: TableSchema) -> None:
+        """Create the table's Delta tables, or add the columns they do not have yet."""
+        table = schema.table
+        current = self.known_columns(table)
+        if not current:
+            self._create(schema)
+            return
+        by_name = {c.name: c for c in current}
+        added: list[Column] = []
+        for col in schema.columns:
+            have = by_name.get(col.name)
+            if have is None:
+                added.append(col)
+            elif spark_type(have.spark_type) != spark_type(col.spark_type):
+                self._widen(table, have, col)
+        if added:
+            self._add_columns(table, added)
+
+    def _create(self, schema: TableSchema) -> None:
+        from delta.tables import DeltaTable
+
+        table = schema.table
+        props = {**TABLE_PROPERTIES, "dblog.key": json.dumps(list(schema.key)),
+                 "dblog.source": self.layout.source, "dblog.table": str(table)}
+        for path, spark_schema in (
+            (self.layout.changelog(table), changelog_schema(schema.columns)),
+            (self.layout.mirror(table), mirror_schema(schema.columns)),
+        ):
+            builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
+                spark_schema
+            )
+            for key, value in props.items():
+                builder = builder.property(key, value)
+            builder.execute()
+        self._columns[table] = list(schema.columns)
+        self._keys[table] = schema.key
+
+    def _add_columns(self, table: TableId, added: list[Column]) -> None:
+        def ddl(prefix: str) -> str:
+            return ", ".join(
+                f"{prefix}{_quote(c.name)} {spark_type(c.spark_type).simpleString()}"
+                for c in added
+            )
+
+        changelog = _quote(self.layout.changelog(table))
+        mirror = _quote(self.layout.mirror(table))
+        self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('before.')})")
+        self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('after.')})")
+        self.spark.sql(f"ALTER TABLE delta.{mirror} ADD COLUMNS ({ddl('')})")
+        self._columns[table] = self._columns.get(table, []) + added
+
+    def _widen(self, table: TableId, have: Column, new: Column) -> None:
+        raise SchemaEvolutionError(
+            f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}; "
+            "the lake keeps the old type: re-capture the table into a new lake path"
+        )
+
+    def key_columns(self, table: TableId) -> tuple[str, ...]:
+        self.known_columns(table)
+        return self._keys[table]
+
+    # ---- staging (written by captures) -------------------------------------------------
+
+    def stage_chunk(self, df: DataFrame, window_id: str, table: TableId) -> None:
+        """Append a selected chunk to the table's staging area under ``window_id``."""
+        (df.withColumn(WINDOW_COLUMN, F.lit(window_id))
+           .write.format("delta").mode("append").option("mergeSchema", "true")
+           .save(self.layout.staging(table)))
+
+    def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:
+        """Forget staged rows of windows that were emitted or aborted."""
+        if not window_ids or not self._exists(self.layout.staging(table)):
+            return
+        from delta.tables import DeltaTable
+
+        DeltaTable.forPath(self.spark, self.layout.staging(table)).delete(
+            F.col(WINDOW_COLUMN).isin(list(window_ids))
+        )
+
+    # ---- the ordered micro-batch -------------------------------------------------------
+
+    @contextmanager
+    def _txn(self, batch: int, metadata: Mapping[str, Any]) -> Iterator[None]:
+        conf = self.spark.conf
+        conf.set(_TXN_APP, f"dblog:{self.layout.source}")
+        conf.set(_TXN_VERSION, str(batch))
+        conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True, default=str))
+        try:
+            yield
+        finally:
+            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
+                conf.unset(key)
+
+    def _events_df(self, tb: TableBatch, columns: list[Column], batch: int) -> DataFrame:
+        names = [c.name for c in columns]
+
+        def image(row: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+            return None if row is None else tuple(row.get(n) for n in names)
+
+        rows = [
+            (
+                ev.op.value,
+                image(ev.before),
+                image(ev.after),
+                (self.layout.source, ev.table.database, ev.table.table, _ts(ev.commit_ts_ms)),
+                ev.position.lsn,
+                ev.position.seq,
+                ev.window_id,
+                batch,
+            )
+            for ev in tb.events
+        ]
+        return self.spark.createDataFrame(rows, changelog_schema(columns), verifySchema=False)
+
+    def _emission_df(
+        self, em: ChunkEmission, columns: list[Column], key: tuple[str, ...], batch: int
+    ) -> DataFrame:
+        table = em.window.table
+        staged = self.spark.read.format("delta").load(self.layout.staging(table))
+        staged = staged.where(F.col(WINDOW_COLUMN) == em.window.window_id)
+        if em.dropped_keys:
+            key_schema = T.StructType([
+                T.StructField(k, spark_type(next(c.spark_type for c in columns if c.name == k)))
+                for k in key
+            ])
+            dropped = self.spark.createDataFrame(
+                [tuple(k) for k in em.dropped_keys], key_schema, verifySchema=False
+            )
+            staged = staged.join(dropped, on=list(key), how="left_anti")
+        present = set(staged.columns)
+
+        def value(c: Column) -> SparkColumn:
+            expr = F.col(_quote(c.name)) if c.name in present else F.lit(None)
+            return expr.cast(spark_type(c.spark_type)).alias(c.name)
+
+        order = Window.orderBy(*[F.col(_quote(k)) for k in key])
+        commit_ts = _ts(em.commit_ts_ms)
+        return staged.select(
+            F.lit(Op.READ.value).alias("op"),
+            F.lit(None).cast(struct_of(columns)).alias("before"),
+            F.struct(*[value(c) for c in columns]).alias("after"),
+            F.struct(
+                F.lit(self.layout.source).alias("name"),
+                F.lit(table.database).alias("database"),
+                F.lit(table.table).alias("table"),
+                F.lit(commit_ts).cast(T.TimestampType()).alias("commit_ts"),
+            ).alias("source"),
+            F.lit(em.position.lsn).cast(T.LongType()).alias("_dblog_lsn"),
+            (F.lit(em.position.seq) + F.row_number().over(order)).cast(T.LongType())
+            .alias("_dblog_seq"),
+            F.lit(em.window.window_id).alias(WINDOW_COLUMN),
+            F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
+        )
+
+    def write_table_batch(
+        self, tb: TableBatch, batch: int, metadata: Mapping[str, Any]
+    ) -> tuple[int, list[EmissionResult]]:
+        """Append one table's share of batch ``batch`` and merge it into the mirror.
+
+        Returns the number of log events written and each emission's row count.
+        """
+        table = tb.table
+        if tb.emissions:
+            self._absorb_staging_columns(table)
+        columns = self.known_columns(table)
+        if not columns:
+            raise DblogError(f"no schema known for {table}: ensure_schema first")
+        key = self.key_columns(table)
+        parts: list[DataFrame] = []
+        if tb.events:
+            parts.append(self._events_df(tb, columns, batch))
+        parts += [self._emission_df(em, columns, key, batch) for em in tb.emissions]
+        if not parts:
+            return 0, []
+        changes = reduce(DataFrame.unionByName, parts)
+        changes = changes.persist()
+        try:
+            emitted: dict[str, int] = {}
+            if tb.emissions:
+                counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == "r"))
+                          .groupBy(WINDOW_COLUMN).count().collect())
+                emitted = {r[WINDOW_COLUMN]: int(r["count"]) for r in counts}
+            with self._txn(batch, {**metadata, "table": str(table)}):
+                (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
+                 .write.format("delta")
+                 .mode("append")
+                 .option("txnAppId", f"dblog:{self.layout.source}")
+                 .option("txnVersion", batch)
+                 .save(self.layout.changelog(table)))
+                self._merge_mirror(table, changes, columns, key)
+        finally:
+            changes.unpersist()
+        results = [
+            EmissionResult(em.window.window_id, table, emitted.get(em.window.window_id, 0))
+            for em in tb.emissions
+        ]
+        return len(tb.events), results
+
+    def _absorb_staging_columns(self, table: TableId) -> None:
+        """A chunk selected after a DDL may carry a column the log has not shown yet."""
+        if not self._exists(self.layout.staging(table)):
+            return
+        staged = self.spark.read.format("delta").load(self.layout.staging(table)).schema
+        known = {c.name for c in self.known_columns(table)}
+        added = [
+            Column(f.name, f.dataType.simpleString().upper())
+            for f in staged.fields
+            if f.name != WINDOW_COLUMN and f.name not in known
+        ]
+        if added:
+            self._add_columns(table, added)
+
+    def _merge_mirror(
+        self, table: TableId, changes: DataFrame, columns: list[Column], key: tuple[str, ...]
+    ) -> None:
+        from delta.tables import DeltaTable
+
+        def key_value(k: str) -> SparkColumn:
+            return F.when(F.col("op") == "d", F.col("before").getField(k)).otherwise(
+                F.col("after").getField(k)
+            ).alias(k)
+
+        flat = changes.select(
+            *[key_value(k) for k in key],
+            F.col("op"),
+            *[F.col("after").getField(c.name).alias(c.name) for c in columns if c.name not in key],
+            F.col("_dblog_lsn"),
+            F.col("_dblog_seq"),
+        )
+        latest = Window.partitionBy(*[F.col(_quote(k)) for k in key]).orderBy(
+            F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc()
+        )
+        last = (flat.withColumn("_rn", F.row_number().over(latest))
+                .where(F.col("_rn") == 1).drop("_rn"))
+        on = " AND ".join(f"t.{_quote(k)} <=> s.{_quote(k)}" for k in key)
+        values: dict[str, str | SparkColumn] = {
+            _quote(c.name): f"s.{_quote(c.name)}" for c in columns
+        }
+        values.update({m: f"s.{m}" for m in META_COLUMNS})
+        (DeltaTable.forPath(self.spark, self.layout.mirror(table)).alias("t")
+         .merge(last.alias("s"), on)
+         .whenMatchedDelete(condition=f"s.op = 'd' AND {_newer('s', 't')}")
+         .whenMatchedUpdate(condition=f"s.op <> 'd' AND {_newer('s', 't')}", set=values)
+         .whenNotMatchedInsert(condition="s.op <> 'd'", values=values)
+         .execute())

@@ -1,0 +1,1 @@
+"""Source databases: one dialect per database behind ``SourceDialect`` (base.py)."""

@@ -1,0 +1,148 @@
+"""What every source database implements, and the values it hands to the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.events import ChangeEvent, Key, Position, TableId, WatermarkEvent
+
+SPARK_TYPES = (
+    "BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "STRING", "BINARY",
+    "DATE", "TIMESTAMP", "TIMESTAMP_NTZ",
+)
+"""Canonical column types, as Spark DDL names (plus ``DECIMAL(p,s)``).
+
+Python values handed to the engine follow them: int, bool, float, Decimal, str, bytes,
+datetime.date, datetime.datetime (naive for TIMESTAMP_NTZ, UTC-aware for TIMESTAMP).
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column in its canonical form: name, Spark DDL type, nullability."""
+
+    name: str
+    spark_type: str
+    nullable: bool = True
+    source_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """A table's columns (in table order) and primary-key column names (in key order)."""
+
+    table: TableId
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+
+    def column(self, name: str) -> Column:
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def key_of(self, row: Mapping[str, Any]) -> Key:
+        return tuple(row[k] for k in self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChange:
+    """A DDL statement seen in the log for a tracked table (informational; events carry
+    their own column list, so decoding never depends on it)."""
+
+    table: TableId
+    statement: str
+    position: Position
+
+
+LogItem = ChangeEvent | WatermarkEvent | SchemaChange
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """One committed source transaction, in log order.
+
+    ``resume`` is the source-native position just after its commit: a reader started there
+    continues with the next transaction. ``schemas`` holds the schema each touched table had
+    when the events were written (from the log's own metadata).
+    """
+
+    items: tuple[LogItem, ...]
+    resume: Mapping[str, Any]
+    position: Position
+    commit_ts_ms: int | None = None
+    schemas: Mapping[TableId, TableSchema] = field(default_factory=dict)
+
+
+class LogReader(Protocol):
+    """Reads committed transactions from a source log, starting at a resume position."""
+
+    def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
+        """Return up to ``max_transactions`` committed transactions; waits at most
+        ``max_wait_s`` when none are available (returns ``[]`` then)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """Which rows one chunk select reads.
+
+    Bounds are ``(after_key, upper_key]``: exclusive below, inclusive above, None = open.
+    ``keys`` limits the chunk to those primary keys; ``where`` is an operator-supplied SQL
+    filter (trusted configuration, never end-user data).
+    """
+
+    table: TableId
+    limit: int
+    after_key: Key | None = None
+    upper_key: Key | None = None
+    keys: Sequence[Key] | None = None
+    where: str | None = None
+
+
+class SourceDialect(Protocol):
+    """One source database: validation, metadata, watermarks, log reading, chunk SQL."""
+
+    name: str
+
+    def validate(self) -> None:
+        """Refuse (SourceError with a clear message) if the server cannot be captured."""
+        ...
+
+    def ensure_watermark_table(self) -> None: ...
+
+    def write_watermark(self, value: str) -> None:
+        """Write ``value`` to the watermark table in its own committed transaction."""
+        ...
+
+    def table_schema(self, table: TableId) -> TableSchema:
+        """Current schema; SourceError for an unknown table or one without a primary key."""
+        ...
+
+    def head_position(self) -> Mapping[str, Any]:
+        """The source-native position of the end of the log now."""
+        ...
+
+    def to_position(self, native: Mapping[str, Any]) -> Position: ...
+
+    def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]) -> LogReader:
+        """A reader from ``start``; LogPurgedError if the log no longer reaches back there."""
+        ...
+
+    def chunk_sql(self, spec: ChunkSpec, schema: TableSchema) -> str:
+        """A SELECT for one chunk in key order, for Spark JDBC's ``query`` option."""
+        ...
+
+    def jdbc_options(self) -> dict[str, str]:
+        """Spark JDBC options (url, driver, user, password) for chunk selects."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,821 @@
+"""Shared pipeline state in ZooKeeper: log position, windows, capture progress, tailer lock.
+
+One :class:`StateStore` serves one source (e.g. ``mariadb-main``) under the
+root ``/<chroot>/<source>``::
+
+    position                            PositionState (log position + last batch)
+    batch-intent                        BatchIntent (write-ahead of the batch being written)
+    windows/<window_id>                 WindowState
+    captures/<capture_id>               CaptureState
+    captures/<capture_id>/ranges/<id>   RangeProgress
+    tailer-lock/                        kazoo Lock recipe contenders
+
+Every value is a JSON document ``{"schema": 1, ...}`` (UTF-8, sorted keys);
+each read returns it with its znode version, and every write can be a
+compare-and-set on that version (:class:`~pipeline.errors.StateConflict` on a
+lost race). :meth:`StateStore.commit_batch` moves the log position and records
+chunk progress and window outcomes in one atomic ZooKeeper transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, Final, Generic, Literal, TypeVar, cast, get_args
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    LockTimeout,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.lock import Lock
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from pipeline.chunking import KeyRange
+from pipeline.errors import DblogError, LockHeld, StateConflict, TransientError
+from pipeline.events import Key, Position, TableId, Window
+
+__all__ = [
+    "ABSENT",
+    "SCHEMA_VERSION",
+    "BatchIntent",
+    "CaptureState",
+    "CaptureStatus",
+    "CommitResult",
+    "PositionState",
+    "RangeProgress",
+    "RangeUpdate",
+    "StateSchemaError",
+    "StateStore",
+    "StateUnavailable",
+    "Versioned",
+    "WindowState",
+    "WindowStatus",
+    "WindowUpdate",
+]
+
+SCHEMA_VERSION: Final = 1
+ABSENT: Final = -1
+"""``expected_version`` meaning "the znode must not exist yet" (create only)."""
+
+MAX_DOC_BYTES: Final = 1_000_000  # ZooKeeper's default jute.maxbuffer is 1 MiB
+
+WindowStatus = Literal["registered", "emitted", "aborted"]
+CaptureStatus = Literal["running", "paused", "cancelled", "done"]
+WINDOW_STATUSES: Final = frozenset(get_args(WindowStatus))
+CAPTURE_STATUSES: Final = frozenset(get_args(CaptureStatus))
+
+POSITION = "position"
+BATCH_INTENT = "batch-intent"
+WINDOWS = "windows"
+CAPTURES = "captures"
+TAILER_LOCK = "tailer-lock"
+
+_NAME_RE = re.compile(r"[\w.:@=+-]+")  # \w: Unicode letters, digits, underscore
+_CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, RetryFailedError)
+
+T = TypeVar("T")
+Doc = dict[str, Any]
+
+
+class StateUnavailable(TransientError):
+    """ZooKeeper cannot be reached (or the session was lost); retry later."""
+
+
+class StateSchemaError(DblogError):
+    """A stored document is corrupt or written by a newer, unknown schema."""
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned(Generic[T]):
+    """A stored value and the znode version to pass back for compare-and-set."""
+
+    value: T
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class PositionState:
+    """The log position after the last committed micro-batch."""
+
+    position: Position
+    source_position: Mapping[str, Any]
+    """Source-native coordinate: ``{"file": ..., "pos": ...}`` or ``{"lsn": "0/16B3748"}``."""
+    batch: int
+    updated_at_ms: int = field(default_factory=lambda: _now_ms())
+
+    def to_json(self) -> Doc:
+        return {
+            "position": self.position.to_json(),
+            "source_position": dict(self.source_position),
+            "batch": self.batch,
+            "updated_at_ms": self.updated_at_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PositionState:
+        return cls(
+            Position.from_json(d["position"]),
+            dict(d["source_position"]),
+            int(d["batch"]),
+            int(d["updated_at_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchIntent:
+    """Write-ahead record of the micro-batch being written (``start``/``end`` are positions)."""
+
+    batch: int
+    start: Mapping[str, Any]
+    end: Mapping[str, Any]
+    created_at_ms: int = field(default_factory=lambda: _now_ms())
+
+    def to_json(self) -> Doc:
+        return {
+            "batch": self.batch,
+            "start": dict(self.start),
+            "end": dict(self.end),
+            "created_at_ms": self.created_at_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BatchIntent:
+        return cls(int(d["batch"]), dict(d["start"]), dict(d["end"]), int(d["created_at_ms"]))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """A registered watermark window and its outcome."""
+
+    window: Window
+    status: WindowStatus = "registered"
+    detail: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    created_at_ms: int = field(default_factory=lambda: _now_ms())
+    updated_at_ms: int = field(default_factory=lambda: _now_ms())
+
+    def to_json(self) -> Doc:
+        w = self.window
+        return {
+            "window_id": w.window_id,
+            "table": [w.table.database, w.table.table],
+            "low": w.low,
+            "high": w.high,
+            "meta": dict(w.meta),
+            "status": self.status,
+            "detail": self.detail,
+            "extra": dict(self.extra),
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WindowState:
+        window = Window(d["window_id"], TableId(*d["table"]), d["low"], d["high"], dict(d["meta"]))
+        return cls(
+            window,
+            _check_status(d["status"], WINDOW_STATUSES, "window"),
+            d["detail"],
+            dict(d["extra"]),
+            int(d["created_at_ms"]),
+            int(d["updated_at_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureState:
+    """A capture (snapshot) request: which tables, how to split/filter them, and its status."""
+
+    capture_id: str
+    tables: tuple[TableId, ...]
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    """Filter / key-column specification, opaque to the store."""
+    status: CaptureStatus = "running"
+    created_at_ms: int = field(default_factory=lambda: _now_ms())
+    updated_at_ms: int = field(default_factory=lambda: _now_ms())
+
+    def to_json(self) -> Doc:
+        return {
+            "capture_id": self.capture_id,
+            "tables": [[t.database, t.table] for t in self.tables],
+            "spec": dict(self.spec),
+            "status": self.status,
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureState:
+        return cls(
+            d["capture_id"],
+            tuple(TableId(*t) for t in d["tables"]),
+            dict(d["spec"]),
+            _check_status(d["status"], CAPTURE_STATUSES, "capture"),
+            int(d["created_at_ms"]),
+            int(d["updated_at_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RangeProgress:
+    """Progress of one key range ``(lower, upper]`` of a capture (see :mod:`pipeline.chunking`)."""
+
+    table: TableId
+    lower: Key | None = None
+    upper: Key | None = None
+    last_emitted_key: Key | None = None
+    chunks_emitted: int = 0
+    rows_emitted: int = 0
+    rows_dropped: int = 0
+    done: bool = False
+
+    @property
+    def key_range(self) -> KeyRange:
+        return KeyRange(self.lower, self.upper)
+
+    def to_json(self) -> Doc:
+        return {
+            "table": [self.table.database, self.table.table],
+            "lower": _key_json(self.lower),
+            "upper": _key_json(self.upper),
+            "last_emitted_key": _key_json(self.last_emitted_key),
+            "chunks_emitted": self.chunks_emitted,
+            "rows_emitted": self.rows_emitted,
+            "rows_dropped": self.rows_dropped,
+            "done": self.done,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RangeProgress:
+        return cls(
+            TableId(*d["table"]),
+            _key_from(d["lower"]),
+            _key_from(d["upper"]),
+            _key_from(d["last_emitted_key"]),
+            int(d["chunks_emitted"]),
+            int(d["rows_emitted"]),
+            int(d["rows_dropped"]),
+            bool(d["done"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RangeUpdate:
+    """A range-progress write inside :meth:`StateStore.commit_batch`.
+
+    ``expected_version`` is the version last read, or :data:`ABSENT` to create the range.
+    """
+
+    capture_id: str
+    range_id: str
+    progress: RangeProgress
+    expected_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class WindowUpdate:
+    """A window closed in a batch; ``expected_version`` ``None`` = the version read at commit."""
+
+    window_id: str
+    status: WindowStatus
+    detail: str | None = None
+    expected_version: int | None = None
+    extra: Mapping[str, Any] | None = None
+    """Keys merged into the window's ``extra`` (e.g. where its low watermark was seen)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """New znode versions after :meth:`StateStore.commit_batch`."""
+
+    position_version: int
+    range_versions: Mapping[tuple[str, str], int]
+    window_versions: Mapping[str, int]
+
+
+class StateStore:
+    """Versioned JSON state of one source in ZooKeeper (see module docstring)."""
+
+    def __init__(self, client: KazooClient, source: str, *, chroot: str = "dblog") -> None:
+        """Wrap a started kazoo client; prefer :meth:`connect`."""
+        _check_name(source, "source")
+        parts = [p for p in chroot.split("/") if p] or ["dblog"]
+        for p in parts:
+            _check_name(p, "chroot component")
+        self.source = source
+        self.root = "/" + "/".join([*parts, source])
+        self._zk = client
+        # Bounded: kazoo's default command retry retries forever while ZooKeeper is down.
+        self._retry = KazooRetry(
+            max_tries=3, deadline=10.0, ignore_expire=False, sleep_func=client.handler.sleep_func
+        )
+        with _zk_errors("create root"):
+            self._zk.ensure_path(self.root)
+
+    @classmethod
+    def connect(
+        cls, hosts: str, source: str, *, chroot: str = "dblog", timeout: float = 10
+    ) -> StateStore:
+        """Connect to ZooKeeper ``hosts`` (``host:port[,host:port]``) within ``timeout`` seconds."""
+        retry = KazooRetry(max_tries=3, deadline=timeout, ignore_expire=False)
+        client = KazooClient(hosts=hosts, timeout=timeout, command_retry=retry)
+        try:
+            client.start(timeout=timeout)
+        except (KazooTimeoutError, KazooException, OSError) as exc:
+            _stop(client)
+            raise StateUnavailable(
+                f"ZooKeeper at {hosts} unreachable within {timeout:g}s "
+                f"({type(exc).__name__}); is it running? (dblog services up)"
+            ) from None
+        try:
+            return cls(client, source, chroot=chroot)
+        except BaseException:
+            _stop(client)
+            raise
+
+    def close(self) -> None:
+        """End the session (releasing any held lock) and free the client."""
+        _stop(self._zk)
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ---- generic layer (paths are relative to the source root) -------------------------
+
+    def get(self, path: str) -> Versioned[Doc] | None:
+        """The document at ``path`` (``schema`` key removed) and its version, or ``None``."""
+        full = self._abs(path)
+        with _zk_errors(f"get {path}"):
+            try:
+                data, stat = self._retry.copy()(self._zk.get, full)
+            except NoNodeError:
+                return None
+        if not data:
+            return None  # a bare parent znode, no document
+        return Versioned(_decode(data, path), stat.version)
+
+    def put(self, path: str, value: Mapping[str, Any], expected_version: int | None) -> int:
+        """Write ``value`` at ``path``; return the new version.
+
+        ``expected_version``: ``None`` creates or overwrites unconditionally, an int is a
+        compare-and-set on the version read, :data:`ABSENT` creates only.
+        """
+        full, data = self._abs(path), _encode(value, path)
+        with _zk_errors(f"put {path}"):
+            try:
+                if expected_version is None:
+                    for _ in range(3):
+                        try:
+                            self._zk.create(full, data, makepath=True)
+                            return 0
+                        except NodeExistsError:
+                            pass
+                        try:
+                            return int(self._zk.set(full, data).version)
+                        except NoNodeError:
+                            pass  # deleted in between: create again
+                    raise StateConflict(f"{path} keeps being created and deleted concurrently")
+                if expected_version == ABSENT:
+                    self._zk.create(full, data, makepath=True)
+                    return 0
+                return int(self._zk.set(full, data, version=expected_version).version)
+            except NodeExistsError:
+                raise StateConflict(f"{path} already exists (expected absent)") from None
+            except NoNodeError:
+                raise StateConflict(
+                    f"{path} does not exist (expected version {expected_version})"
+                ) from None
+            except BadVersionError:
+                raise StateConflict(
+                    f"{path} changed concurrently (expected version {expected_version})"
+                ) from None
+
+    def delete(
+        self, path: str, expected_version: int | None = None, *, recursive: bool = False
+    ) -> bool:
+        """Delete ``path``; return whether it existed. An int version makes it a CAS."""
+        full = self._abs(path)
+        with _zk_errors(f"delete {path}"):
+            try:
+                if recursive:
+                    if expected_version is not None:
+                        raise ValueError("recursive delete cannot compare-and-set")
+                    self._zk.delete(full, recursive=True)
+                else:
+                    version = -1 if expected_version is None else expected_version
+                    self._zk.delete(full, version=version)
+                return True
+            except NoNodeError:
+                if expected_version is not None:
+                    raise StateConflict(f"{path} already deleted") from None
+                return False
+            except BadVersionError:
+                raise StateConflict(
+                    f"{path} changed concurrently (expected version {expected_version})"
+                ) from None
+            except NotEmptyError:
+                raise DblogError(f"{path} has children; delete them first") from None
+
+    def children(self, path: str = "") -> list[str]:
+        """Sorted child names of ``path`` (``[]`` if it does not exist)."""
+        full = self._abs(path)
+        with _zk_errors(f"list {path or '/'}"):
+            try:
+                return sorted(self._retry.copy()(self._zk.get_children, full))
+            except NoNodeError:
+                return []
+
+    # ---- log position and batch intent -------------------------------------------------
+
+    def get_position(self) -> Versioned[PositionState] | None:
+        """The committed log position, or ``None`` before the first commit."""
+        return self._get_typed(POSITION, PositionState.from_json)
+
+    def put_position(self, state: PositionState, expected_version: int | None) -> int:
+        """Set the position outside a batch (initial position, operator reset)."""
+        return self.put(POSITION, state.to_json(), expected_version)
+
+    def put_batch_intent(self, batch: int, start: Mapping[str, Any], end: Mapping[str, Any]) -> int:
+        """Record (overwriting) the batch about to be written; cleared by :meth:`commit_batch`."""
+        return self.put(BATCH_INTENT, BatchIntent(batch, start, end).to_json(), None)
+
+    def get_batch_intent(self) -> Versioned[BatchIntent] | None:
+        """The pending batch intent, if a batch was started but not committed."""
+        return self._get_typed(BATCH_INTENT, BatchIntent.from_json)
+
+    def clear_batch_intent(self) -> bool:
+        """Drop a pending intent (e.g. after rolling the batch back)."""
+        return self.delete(BATCH_INTENT)
+
+    # ---- windows ----------------------------------------------------------------------
+
+    def register_window(self, window: Window, extra: Mapping[str, Any]) -> Versioned[WindowState]:
+        """Create the window's document; :class:`StateConflict` if it already exists."""
+        state = WindowState(window, extra=dict(extra))
+        version = self.put(_window_path(window.window_id), state.to_json(), ABSENT)
+        return Versioned(state, version)
+
+    def get_window(self, window_id: str) -> Versioned[WindowState] | None:
+        return self._get_typed(_window_path(window_id), WindowState.from_json)
+
+    def list_windows(self) -> list[Versioned[WindowState]]:
+        """All windows, oldest first."""
+        found = (self.get_window(w) for w in self.children(WINDOWS))
+        windows = [w for w in found if w is not None]
+        return sorted(windows, key=lambda v: (v.value.created_at_ms, v.value.window.window_id))
+
+    def set_window_status(
+        self,
+        window_id: str,
+        status: WindowStatus,
+        detail: str | None,
+        expected_version: int | None,
+    ) -> Versioned[WindowState]:
+        """Set a window's status (CAS if ``expected_version`` is given)."""
+        update = WindowUpdate(window_id, status, detail, expected_version)
+        new, version = self._window_update(update)
+        return Versioned(new, self.put(_window_path(window_id), new.to_json(), version))
+
+    def remove_window(self, window_id: str, expected_version: int | None = None) -> bool:
+        return self.delete(_window_path(window_id), expected_version)
+
+    # ---- captures and range progress ---------------------------------------------------
+
+    def create_capture(
+        self, capture_id: str, tables: Sequence[TableId], spec: Mapping[str, Any]
+    ) -> Versioned[CaptureState]:
+        """Create a running capture; :class:`StateConflict` if the id is taken."""
+        state = CaptureState(capture_id, tuple(tables), dict(spec))
+        path = _capture_path(capture_id)
+        with _zk_errors(f"create {path}"):
+            self._zk.ensure_path(self._abs(CAPTURES))
+            tx = self._zk.transaction()
+            tx.create(self._abs(path), _encode(state.to_json(), path))
+            tx.create(self._abs(f"{path}/ranges"))
+            results = tx.commit()
+        _raise_tx_failure(results, [f"create {path}", f"create {path}/ranges"])
+        return Versioned(state, 0)
+
+    def get_capture(self, capture_id: str) -> Versioned[CaptureState] | None:
+        return self._get_typed(_capture_path(capture_id), CaptureState.from_json)
+
+    def list_captures(self) -> list[Versioned[CaptureState]]:
+        """All captures, oldest first."""
+        found = (self.get_capture(c) for c in self.children(CAPTURES))
+        captures = [c for c in found if c is not None]
+        return sorted(captures, key=lambda v: (v.value.created_at_ms, v.value.capture_id))
+
+    def set_capture_status(
+        self, capture_id: str, status: CaptureStatus, expected_version: int | None
+    ) -> Versioned[CaptureState]:
+        """Set a capture's status (CAS if ``expected_version`` is given)."""
+        _check_status(status, CAPTURE_STATUSES, "capture")
+        current = self._require(self.get_capture(capture_id), f"capture {capture_id}")
+        if expected_version is not None and current.version != expected_version:
+            raise StateConflict(
+                f"capture {capture_id} changed concurrently "
+                f"(expected version {expected_version}, found {current.version})"
+            )
+        new = replace(current.value, status=status, updated_at_ms=_now_ms())
+        path = _capture_path(capture_id)
+        return Versioned(new, self.put(path, new.to_json(), current.version))
+
+    def remove_capture(self, capture_id: str) -> bool:
+        """Delete a capture and all its range progress."""
+        return self.delete(_capture_path(capture_id), recursive=True)
+
+    def put_range(
+        self, capture_id: str, range_id: str, progress: RangeProgress, expected_version: int | None
+    ) -> int:
+        """Write a range's progress (CAS on an int version, :data:`ABSENT` = create)."""
+        return self.put(_range_path(capture_id, range_id), progress.to_json(), expected_version)
+
+    def get_range(self, capture_id: str, range_id: str) -> Versioned[RangeProgress] | None:
+        return self._get_typed(_range_path(capture_id, range_id), RangeProgress.from_json)
+
+    def list_ranges(self, capture_id: str) -> dict[str, Versioned[RangeProgress]]:
+        """Range id -> progress, in range id order."""
+        ranges = {}
+        for range_id in self.children(f"{_capture_path(capture_id)}/ranges"):
+            found = self.get_range(capture_id, range_id)
+            if found is not None:
+                ranges[range_id] = found
+        return ranges
+
+    # ---- the atomic batch commit -------------------------------------------------------
+
+    def commit_batch(
+        self,
+        state: PositionState,
+        expected_version: int | None,
+        *,
+        ranges: Sequence[RangeUpdate] = (),
+        windows: Sequence[WindowUpdate] = (),
+        clear_intent: bool = True,
+    ) -> CommitResult:
+        """Atomically move the position and record the batch's range and window progress.
+
+        ``expected_version`` is the position version read before the batch (``None``: no
+        position stored yet). One transaction checks and sets the position, writes each
+        range (CAS or create), sets each window's status, and deletes the batch intent (if
+        ``clear_intent`` and one exists; it must be for ``state.batch``). Nothing changes if
+        any part fails: :class:`StateConflict` names the failing operation. On
+        :class:`StateUnavailable` the outcome is unknown: re-read the position (its ``batch``
+        tells whether this commit landed) before retrying.
+        """
+        tx = self._zk.transaction()
+        ops: list[str] = []
+
+        def add(op: str, path: str, fn: Any, *args: Any) -> None:
+            fn(self._abs(path), *args)
+            ops.append(f"{op} {path}")
+
+        if expected_version is None:
+            add("create", POSITION, tx.create, _encode(state.to_json(), POSITION))
+        else:
+            add("check", POSITION, tx.check, expected_version)
+            add("set", POSITION, tx.set_data, _encode(state.to_json(), POSITION), expected_version)
+        for r in ranges:
+            path = _range_path(r.capture_id, r.range_id)
+            data = _encode(r.progress.to_json(), path)
+            if r.expected_version == ABSENT:
+                add("create", path, tx.create, data)
+            else:
+                add("set", path, tx.set_data, data, r.expected_version)
+        for w in windows:
+            new, version = self._window_update(w)
+            path = _window_path(w.window_id)
+            add("set", path, tx.set_data, _encode(new.to_json(), path), version)
+        if clear_intent:
+            intent = self.get_batch_intent()
+            if intent is not None:
+                if intent.value.batch != state.batch:
+                    raise StateConflict(
+                        f"batch intent is for batch {intent.value.batch}, "
+                        f"not the committed batch {state.batch}"
+                    )
+                add("delete", BATCH_INTENT, tx.delete, intent.version)
+        with _zk_errors("commit batch"):
+            results = tx.commit()
+        _raise_tx_failure(results, ops, f"commit of batch {state.batch}")
+
+        def new_version(result: Any) -> int:
+            return 0 if isinstance(result, str) else int(result.version)  # create -> path
+
+        it = iter(results)
+        if expected_version is not None:
+            next(it)  # the check
+        position_version = new_version(next(it))
+        range_versions = {(r.capture_id, r.range_id): new_version(next(it)) for r in ranges}
+        window_versions = {w.window_id: new_version(next(it)) for w in windows}
+        return CommitResult(position_version, range_versions, window_versions)
+
+    # ---- tailer lock -------------------------------------------------------------------
+
+    @contextmanager
+    def tailer_lock(self, identifier: str, timeout: float = 5.0) -> Iterator[None]:
+        """Hold the source's single-tailer lock; :class:`LockHeld` if not acquired in time.
+
+        The lock is an ephemeral znode: it is released on exit, or by ZooKeeper when this
+        session ends. Writes stay fenced by :meth:`commit_batch`'s position CAS.
+        """
+        if not identifier:
+            raise ValueError("lock identifier must not be empty")
+        lock = Lock(self._zk, self._abs(TAILER_LOCK), identifier)
+        with _zk_errors("acquire tailer lock"):
+            try:
+                acquired = bool(lock.acquire(timeout=timeout))
+            except LockTimeout:
+                acquired = False
+        if not acquired:
+            holder = self.lock_holder()
+            raise LockHeld(
+                f"tailer lock for source {self.source} is held by {holder or 'an unknown holder'}"
+                f" (waited {timeout:g}s)"
+            )
+        try:
+            yield
+        finally:
+            with _zk_errors("release tailer lock"):
+                try:
+                    lock.release()
+                except SessionExpiredError:
+                    pass  # session over (or store closed): ZooKeeper already dropped the lock
+
+    def lock_holder(self) -> str | None:
+        """The identifier of the current tailer-lock holder, or ``None`` if it is free."""
+        with _zk_errors("read tailer lock"):
+            contenders = Lock(self._zk, self._abs(TAILER_LOCK)).contenders()
+        return str(contenders[0]) if contenders else None
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _abs(self, path: str) -> str:
+        path = path.strip("/")
+        if not path:
+            return self.root
+        for part in path.split("/"):
+            _check_name(part, "path component")
+        return f"{self.root}/{path}"
+
+    def _get_typed(self, path: str, parse: Callable[[Mapping[str, Any]], T]) -> Versioned[T] | None:
+        found = self.get(path)
+        if found is None:
+            return None
+        try:
+            return Versioned(parse(found.value), found.version)
+        except (KeyError, TypeError, ValueError) as exc:
+            where = f"{self.root}/{path}"
+            raise StateSchemaError(f"corrupt state document at {where}: {exc!r}") from None
+
+    def _require(self, found: Versioned[T] | None, what: str) -> Versioned[T]:
+        if found is None:
+            raise StateConflict(f"{what} does not exist")
+        return found
+
+    def _window_update(self, w: WindowUpdate) -> tuple[WindowState, int]:
+        _check_status(w.status, WINDOW_STATUSES, "window")
+        current = self._require(self.get_window(w.window_id), f"window {w.window_id}")
+        if w.expected_version is not None and current.version != w.expected_version:
+            raise StateConflict(
+                f"window {w.window_id} changed concurrently "
+                f"(expected version {w.expected_version}, found {current.version})"
+            )
+        extra = {**current.value.extra, **(w.extra or {})}
+        new = replace(
+            current.value, status=w.status, detail=w.detail, extra=extra, updated_at_ms=_now_ms()
+        )
+        return new, current.version
+
+
+# ---- module helpers ----------------------------------------------------------------------
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _check_name(name: str, what: str) -> None:
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"invalid {what} {name!r}: use letters, digits and _.:@=+-")
+
+
+def _check_status(status: str, allowed: frozenset[str], what: str) -> Any:
+    if status not in allowed:
+        raise ValueError(f"unknown {what} status {status!r}; expected one of {sorted(allowed)}")
+    return status
+
+
+def _window_path(window_id: str) -> str:
+    _check_name(window_id, "window id")
+    return f"{WINDOWS}/{window_id}"
+
+
+def _capture_path(capture_id: str) -> str:
+    _check_name(capture_id, "capture id")
+    return f"{CAPTURES}/{capture_id}"
+
+
+def _range_path(capture_id: str, range_id: str) -> str:
+    _check_name(range_id, "range id")
+    return f"{_capture_path(capture_id)}/ranges/{range_id}"
+
+
+def _key_json(key: Key | None) -> list[Any] | None:
+    return None if key is None else list(key)
+
+
+def _key_from(value: Any) -> Key | None:
+    return None if value is None else tuple(value)
+
+
+def _encode(value: Mapping[str, Any], path: str) -> bytes:
+    doc = {**value, "schema": SCHEMA_VERSION}
+    try:
+        text = json.dumps(doc, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state document for {path} is not plain JSON: {exc}") from None
+    data = text.encode("utf-8")
+    if len(data) > MAX_DOC_BYTES:
+        raise DblogError(f"state document for {path} is {len(data)} bytes, over ZooKeeper's 1 MB")
+    return data
+
+
+def _decode(data: bytes, path: str) -> Doc:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise StateSchemaError(f"state at {path} is not a UTF-8 JSON document") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), int):
+        raise StateSchemaError(f"state at {path} lacks an integer 'schema' field")
+    schema = doc.pop("schema")
+    if schema > SCHEMA_VERSION:
+        raise StateSchemaError(
+            f"state at {path} has schema {schema}, newer than the supported {SCHEMA_VERSION}; "
+            "upgrade dblog-delta"
+        )
+    return cast(Doc, doc)
+
+
+def _raise_tx_failure(
+    results: Sequence[Any], ops: Sequence[str], what: str = "transaction"
+) -> None:
+    """Raise :class:`StateConflict` naming the op that failed a committed transaction."""
+    for op, result in zip(ops, results, strict=False):
+        if not isinstance(result, Exception) or isinstance(
+            result, RolledBackError | RuntimeInconsistency
+        ):
+            continue
+        reason = {
+            BadVersionError: "version changed concurrently",
+            NoNodeError: "does not exist",
+            NodeExistsError: "already exists",
+        }.get(type(result), type(result).__name__)
+        raise StateConflict(f"{what} failed at {op!r}: {reason}; nothing was changed")
+    bad = [r for r in results if isinstance(r, Exception)]
+    if bad:
+        raise StateConflict(f"{what} failed ({type(bad[0]).__name__}); nothing was changed")
+
+
+@contextmanager
+def _zk_errors(what: str) -> Iterator[None]:
+    """Turn kazoo connection errors into :class:`StateUnavailable` (others into DblogError)."""
+    try:
+        yield
+    except _CONNECTION_ERRORS as exc:
+        reason = type(exc).__name__
+        raise StateUnavailable(f"ZooKeeper unavailable during {what}: {reason}") from None
+    except KazooException as exc:
+        raise DblogError(f"ZooKeeper error during {what}: {type(exc).__name__} {exc}") from exc
+
+
+def _stop(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # noqa: S110 - best effort on shutdown
+        pass
