@@ -1,0 +1,385 @@
+"""The chunk capture loop: register window → low watermark → select + stage → high watermark.
+
+A capture covers tables split into key ranges ``(lower, upper]``; each range is walked in
+primary-key order, chunk by chunk, pipelined: up to ``max_in_flight`` chunks wait for the
+tailer's emission while the next ones are selected. Progress lives in ZooKeeper and is
+advanced only by the tailer (with its log position), so a restart continues at the last
+emitted chunk. The log tailer never waits for a capture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipeline.chunking import KeyRange
+from pipeline.errors import ConfigError, DblogError
+from pipeline.events import Key, TableId, Window
+from pipeline.lake.sink import DeltaSink
+from pipeline.lake.types import spark_type
+from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
+from pipeline.state import ABSENT, RangeProgress, StateStore
+from pipeline.tailer import chunk_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    chunk_size: int = 2000
+    max_in_flight: int = 4
+    poll_seconds: float = 0.1
+    emission_timeout_s: float = 600.0
+    chunk_sizes: dict[TableId, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """What to capture: tables, optionally only some primary keys or a WHERE filter."""
+
+    tables: tuple[TableId, ...]
+    keys: tuple[Key, ...] | None = None
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise ConfigError("a capture needs at least one table")
+        if self.keys is not None and len(self.tables) != 1:
+            raise ConfigError("--keys selects rows of exactly one table")
+        if self.where is not None and not self.where.strip():
+            raise ConfigError("--where must not be empty")
+
+
+@dataclass
+class RangeReport:
+    """How one range went (Dagster materialization metadata)."""
+
+    capture_id: str
+    range_id: str
+    table: TableId
+    status: str = "running"
+    chunks: int = 0
+    rows_selected: int = 0
+    rows_emitted: int = 0
+    rows_dropped: int = 0
+    retries: int = 0
+    first_lsn: int | None = None
+    last_lsn: int | None = None
+    seconds: float = 0.0
+
+
+def range_id_for(table: TableId, index: int) -> str:
+    digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:12]
+    return f"{digest}-{index:05d}"
+
+
+def quote_spark(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def read_chunk(
+    spark: SparkSession, dialect: SourceDialect, spec: ChunkSpec, schema: TableSchema
+) -> DataFrame:
+    """One chunk through Spark JDBC, cast to the table's canonical Spark schema."""
+    df = (spark.read.format("jdbc").options(**dialect.jdbc_options())
+          .option("query", dialect.chunk_sql(spec, schema)).load())
+    return df.select(*[
+        F.col(quote_spark(c.name)).cast(spark_type(c.spark_type)).alias(c.name)
+        for c in schema.columns
+    ])
+
+
+class Capturer:
+    """Runs captures for one source. Thread-safe per range; ranges may run in parallel."""
+
+    def __init__(
+        self,
+        *,
+        dialect: SourceDialect,
+        state: StateStore,
+        sink: DeltaSink,
+        spark: SparkSession,
+        options: CaptureOptions | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.state = state
+        self.sink = sink
+        self.spark = spark
+        self.options = options or CaptureOptions()
+
+    # ---- planning -------------------------------------------------------------------------
+
+    def plan(
+        self,
+        request: CaptureRequest,
+        *,
+        capture_id: str | None = None,
+        ranges: dict[TableId, list[KeyRange]] | None = None,
+    ) -> str:
+        """Register a capture and its key ranges (default: one open range per table)."""
+        for table in request.tables:
+            self.dialect.table_schema(table)  # refuses unknown tables and tables without a PK
+        capture_id = capture_id or uuid.uuid4().hex[:16]
+        spec: dict[str, Any] = {
+            "keys": [list(k) for k in request.keys] if request.keys is not None else None,
+            "where": request.where,
+        }
+        self.state.create_capture(capture_id, request.tables, spec)
+        for table in request.tables:
+            planned = (ranges or {}).get(table) or [KeyRange(None, None)]
+            for i, kr in enumerate(planned):
+                progress = RangeProgress(table, kr.lower, kr.upper, last_emitted_key=kr.lower)
+                self.state.put_range(capture_id, range_id_for(table, i), progress, ABSENT)
+        return capture_id
+
+    # ---- running --------------------------------------------------------------------------
+
+    def run(
+        self,
+        capture_id: str,
+        *,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[RangeReport], None] | None = None,
+    ) -> list[RangeReport]:
+        """Run every unfinished range of the capture, in order; returns one report each."""
+        reports = []
+        for range_id in sorted(self.state.list_ranges(capture_id)):
+            report = self.run_range(capture_id, range_id, stop=stop, on_progress=on_progress)
+            reports.append(report)
+            if report.status in ("paused", "cancelled", "stopped"):
+                break
+        if all(r.status == "done" for r in reports):
+            found = self.state.get_capture(capture_id)
+            if found is not None and found.value.status == "running":
+                self.state.set_capture_status(capture_id, "done", found.version)
+        return reports
+
+    def _status(self, capture_id: str) -> str:
+        found = self.state.get_capture(capture_id)
+        if found is None:
+            raise DblogError(f"capture {capture_id} does not exist")
+        return found.value.status
+
+    def run_range(
+        self,
+        capture_id: str,
+        range_id: str,
+        *,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[RangeReport], None] | None = None,
+    ) -> RangeReport:
+        """Capture one key range to the end (or until paused, cancelled or stopped)."""
+        began = time.monotonic()
+        stop = stop or threading.Event()
+        found = self.state.get_range(capture_id, range_id)
+        if found is None:
+            raise DblogError(f"capture {capture_id} has no range {range_id}")
+        table = found.value.table
+        report = RangeReport(capture_id, range_id, table)
+        capture = self.state.get_capture(capture_id)
+        assert capture is not None
+        keys = capture.value.spec.get("keys")
+        where = capture.value.spec.get("where")
+        key_list = tuple(tuple(k) for k in keys) if keys is not None else None
+        self._recover(capture_id, range_id)
+        while True:
+            progress = self._progress(capture_id, range_id)
+            if progress.done:
+                report.status = "done"
+                break
+            status = self._status(capture_id)
+            if status != "running":
+                report.status = status
+                break
+            if stop.is_set():
+                report.status = "stopped"
+                break
+            outcome = self._walk(
+                capture_id, range_id, progress, key_list, where, stop, report, on_progress
+            )
+            if outcome == "aborted":
+                report.retries += 1
+        final = self._progress(capture_id, range_id)
+        report.rows_emitted = final.rows_emitted
+        report.rows_dropped = final.rows_dropped
+        report.seconds = time.monotonic() - began
+        if on_progress is not None:
+            on_progress(report)
+        return report
+
+    def _progress(self, capture_id: str, range_id: str) -> RangeProgress:
+        found = self.state.get_range(capture_id, range_id)
+        if found is None:
+            raise DblogError(f"range {range_id} of capture {capture_id} disappeared")
+        return found.value
+
+    def _walk(
+        self,
+        capture_id: str,
+        range_id: str,
+        progress: RangeProgress,
+        keys: tuple[Key, ...] | None,
+        where: str | None,
+        stop: threading.Event,
+        report: RangeReport,
+        on_progress: Callable[[RangeReport], None] | None,
+    ) -> str:
+        """Select chunks from the last emitted key, pipelined; returns how the walk ended."""
+        table = progress.table
+        schema = self.dialect.table_schema(table)
+        limit = self.options.chunk_sizes.get(table, self.options.chunk_size)
+        after = progress.last_emitted_key
+        inflight: list[str] = []
+        outcome = "done"
+        while True:
+            if stop.is_set() or self._status(capture_id) != "running":
+                outcome = "interrupted"
+                break
+            while len(inflight) >= self.options.max_in_flight:
+                if self._wait(inflight.pop(0), report) == "aborted":
+                    outcome = "aborted"
+                    break
+                if on_progress is not None:
+                    on_progress(report)
+            if outcome == "aborted":
+                break
+            wid, rows, last = self._chunk(
+                capture_id, range_id, table, schema, after, progress.upper, keys, where, limit
+            )
+            inflight.append(wid)
+            report.chunks += 1
+            report.rows_selected += rows
+            if rows < limit:
+                break
+            after = last
+        # On an exception the windows stay open; the next run's _recover settles them.
+        for wid in inflight:
+            if self._wait(wid, report) == "aborted":
+                outcome = "aborted"
+        self._cleanup(capture_id, range_id, table)
+        return outcome
+
+    def _chunk(
+        self,
+        capture_id: str,
+        range_id: str,
+        table: TableId,
+        schema: TableSchema,
+        after: Key | None,
+        upper: Key | None,
+        keys: tuple[Key, ...] | None,
+        where: str | None,
+        limit: int,
+    ) -> tuple[str, int, Key | None]:
+        """One DBLog chunk: register, LW, select + stage, describe, HW."""
+        wid = uuid.uuid4().hex
+        window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
+        self.state.register_window(window, {
+            "capture_id": capture_id, "range_id": range_id,
+            "after_key": list(after) if after is not None else None,
+        })
+        self.dialect.write_watermark(window.low)
+        spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys, where=where)
+        chunk = read_chunk(self.spark, self.dialect, spec, schema).localCheckpoint(eager=True)
+        self.sink.stage_chunk(chunk, wid, table)
+        rows = chunk.count()
+        last: Key | None = after
+        if rows:
+            row = chunk.orderBy(*[F.col(quote_spark(k)).desc() for k in schema.key]).first()
+            assert row is not None
+            last = tuple(row[k] for k in schema.key)
+        self.state.put(chunk_path(wid), {
+            "rows": rows, "last_key": list(last) if last is not None else None,
+            "final": rows < limit, "capture_id": capture_id, "range_id": range_id,
+        }, None)
+        self.dialect.write_watermark(window.high)
+        return wid, rows, last
+
+    def _wait(self, window_id: str, report: RangeReport) -> str:
+        """Wait until the tailer emitted or aborted the window."""
+        deadline = time.monotonic() + self.options.emission_timeout_s
+        while time.monotonic() < deadline:
+            found = self.state.get_window(window_id)
+            if found is None:
+                return "gone"
+            status = found.value.status
+            if status != "registered":
+                lsn = found.value.extra.get("position")
+                if isinstance(lsn, int):
+                    report.first_lsn = lsn if report.first_lsn is None else report.first_lsn
+                    report.last_lsn = lsn
+                return status
+            time.sleep(self.options.poll_seconds)
+        raise DblogError(
+            f"window {window_id} was not emitted within {self.options.emission_timeout_s:.0f}s: "
+            "is a tailer running for this source? (`dblog tail`)"
+        )
+
+    def _recover(self, capture_id: str, range_id: str) -> None:
+        """Settle windows a crashed run left open for this range."""
+        for found in self.state.list_windows():
+            ws = found.value
+            if (ws.extra.get("capture_id"), ws.extra.get("range_id")) != (capture_id, range_id):
+                continue
+            if ws.status != "registered":
+                continue
+            if self.state.get(chunk_path(ws.window.window_id)) is not None:
+                # Staged and described: its high watermark may or may not be in the log.
+                # Writing it again is harmless (a closed window ignores a second one).
+                self.dialect.write_watermark(ws.window.high)
+                self._wait(ws.window.window_id, RangeReport(capture_id, range_id, ws.window.table))
+            else:
+                self.state.set_window_status(
+                    ws.window.window_id, "aborted", "capture stopped before staging",
+                    found.version,
+                )
+        self._cleanup(capture_id, range_id, None)
+
+    def _cleanup(self, capture_id: str, range_id: str, table: TableId | None) -> None:
+        """Forget settled windows of this range: staged rows, chunk notes, window docs."""
+        settled: dict[TableId, list[str]] = {}
+        for found in self.state.list_windows():
+            ws = found.value
+            if (ws.extra.get("capture_id"), ws.extra.get("range_id")) != (capture_id, range_id):
+                continue
+            if ws.status == "registered":
+                continue
+            settled.setdefault(ws.window.table, []).append(ws.window.window_id)
+        for tbl, wids in settled.items():
+            for attempt in range(5):
+                try:
+                    self.sink.drop_staged(tbl, wids)
+                    break
+                except Exception as exc:  # concurrent staging appends: retry the delete
+                    if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == 4:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
+            for wid in wids:
+                self.state.delete(chunk_path(wid))
+                self.state.remove_window(wid)
+
+
+def plan_request(tables: Sequence[str], keys: Sequence[str] | None, where: str | None
+                 ) -> CaptureRequest:
+    """Build a request from CLI-style strings (keys as comma-separated values per key)."""
+    parsed = tuple(TableId.parse(t) for t in tables)
+    key_tuples = None
+    if keys:
+        key_tuples = tuple(tuple(_literal(v) for v in k.split(",")) for k in keys)
+    return CaptureRequest(parsed, key_tuples, where)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text

@@ -1,0 +1,436 @@
+"""The log tailer: the one ordered writer of a source's changelog and mirror.
+
+Loop: read committed transactions → window processor → micro-batch → Delta (idempotent per
+batch) → one ZooKeeper transaction moving the position and recording every chunk emitted.
+
+Crash safety:
+* a batch intent (start/end positions) is written before any Delta write, so a restarted
+  tailer rebuilds exactly the same batch, and Delta skips the parts already committed;
+* where a window's low watermark was seen is stored with the batch that saw it
+  (``lw_resume``); a restart re-reads the log from the earliest such point in *warm-up*
+  (keys are recorded, nothing is written) so open windows keep every key they saw;
+* a chunk is emitted only if it continues its range's progress exactly (its lower bound is
+  the last emitted key); otherwise it is aborted and the capture re-selects it, so no chunk is
+  ever emitted twice and progress never skips rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent
+from pipeline.lake.sink import DeltaSink, TableBatch
+from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
+from pipeline.state import (
+    ABSENT,
+    PositionState,
+    RangeProgress,
+    RangeUpdate,
+    StateStore,
+    Versioned,
+    WindowState,
+    WindowUpdate,
+)
+from pipeline.window import (
+    ChunkEmission,
+    UnknownWatermark,
+    WindowAborted,
+    WindowProcessor,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNKS = "chunks"
+"""ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
+
+
+@dataclass(frozen=True)
+class TailOptions:
+    batch_max_events: int = 20000
+    batch_max_seconds: float = 2.0
+    poll_seconds: float = 0.5
+    read_transactions: int = 2000
+
+
+@dataclass
+class BatchReport:
+    """What one committed micro-batch did (for progress callbacks and Dagster metadata)."""
+
+    batch: int
+    position: Position
+    events: int
+    emitted_windows: list[str] = field(default_factory=list)
+    aborted_windows: list[str] = field(default_factory=list)
+    rows_emitted: int = 0
+    commit_ts_ms: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class TailSummary:
+    batches: int = 0
+    events: int = 0
+    rows_emitted: int = 0
+    position: Position | None = None
+
+
+def chunk_path(window_id: str) -> str:
+    return f"{CHUNKS}/{window_id}"
+
+
+def _key(value: Any) -> tuple[Any, ...] | None:
+    return None if value is None else tuple(value)
+
+
+@dataclass
+class _Pending:
+    """The micro-batch being built."""
+
+    start: Mapping[str, Any]
+    tables: dict[TableId, TableBatch] = field(default_factory=dict)
+    schemas: dict[TableId, list[TableSchema]] = field(default_factory=dict)
+    window_updates: dict[str, WindowUpdate] = field(default_factory=dict)
+    events: int = 0
+    end: Mapping[str, Any] | None = None
+    end_position: Position | None = None
+    commit_ts_ms: int | None = None
+    opened: float = field(default_factory=time.monotonic)
+
+    def table(self, table: TableId) -> TableBatch:
+        if table not in self.tables:
+            self.tables[table] = TableBatch(table)
+        return self.tables[table]
+
+    @property
+    def empty(self) -> bool:
+        return self.end is None
+
+
+class Tailer:
+    """Tails one source into Delta. Call :meth:`run` (blocking); stop it with ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        dialect: SourceDialect,
+        state: StateStore,
+        sink: DeltaSink,
+        tables: Sequence[TableId],
+        options: TailOptions | None = None,
+        identifier: str = "tailer",
+        on_batch: Callable[[BatchReport], None] | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.state = state
+        self.sink = sink
+        self.tables = tuple(tables)
+        self._tracked = set(self.tables)
+        self.options = options or TailOptions()
+        self.identifier = identifier
+        self.on_batch = on_batch
+        self._proc = WindowProcessor()
+        self._ranges: dict[tuple[str, str], Versioned[RangeProgress]] = {}
+        self._window_docs: dict[str, WindowState] = {}
+
+    # ---- public -----------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        until_caught_up: bool = False,
+        max_batches: int | None = None,
+        lock_timeout: float = 5.0,
+    ) -> TailSummary:
+        """Hold the tailer lock and tail until ``stop`` is set (or caught up / max batches)."""
+        stop = stop or threading.Event()
+        with self.state.tailer_lock(self.identifier, timeout=lock_timeout):
+            return self._run(stop, until_caught_up, max_batches)
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def _initial_position(self) -> Versioned[PositionState]:
+        found = self.state.get_position()
+        if found is not None:
+            return found
+        head = self.dialect.head_position()
+        start = PositionState(self.dialect.to_position(head), dict(head), batch=0)
+        self.state.commit_batch(start, None, clear_intent=False)
+        found = self.state.get_position()
+        assert found is not None
+        return found
+
+    def _refresh_windows(self) -> None:
+        """Make the processor's windows match ZooKeeper's registered ones."""
+        registered = {
+            ws.value.window.window_id: ws.value
+            for ws in self.state.list_windows()
+            if ws.value.status == "registered"
+        }
+        for window in self._proc.open_windows:
+            if window.window_id not in registered:
+                self._proc.discard(window.window_id)
+        for wid, ws in registered.items():
+            self._window_docs[wid] = ws
+            if wid not in {w.window_id for w in self._proc.open_windows}:
+                try:
+                    self._proc.register(ws.window)
+                except ValueError as exc:  # clashing watermark values: never emit it
+                    log.warning("window %s not registered: %s", wid, exc)
+
+    def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None
+             ) -> TailSummary:
+        summary = TailSummary()
+        committed = self._initial_position()
+        intent = self.state.get_batch_intent()
+        self._refresh_windows()
+        start = dict(committed.value.source_position)
+        for ws in self._window_docs.values():
+            lw_resume = ws.extra.get("lw_resume")
+            if lw_resume and self.dialect.to_position(lw_resume) < self.dialect.to_position(start):
+                start = dict(lw_resume)
+        warm_until = self.dialect.to_position(committed.value.source_position)
+        replay_end: Position | None = None
+        if intent is not None and intent.value.batch == committed.value.batch + 1:
+            replay_end = self.dialect.to_position(intent.value.end)
+        # (the replayed batch ends at the transaction whose resume position is intent.end)
+        batch_no = committed.value.batch + 1
+        pending = _Pending(start=dict(committed.value.source_position))
+        last_resume: Mapping[str, Any] = start
+        reader = self.dialect.open_log(start, self.tables)
+        try:
+            while not stop.is_set():
+                txs = reader.read(
+                    max_transactions=self.options.read_transactions,
+                    max_wait_s=self.options.poll_seconds,
+                )
+                for tx in txs:
+                    # Already committed: re-read only so open windows see their keys again.
+                    warm = self.dialect.to_position(tx.resume) <= warm_until
+                    self._consume(tx, pending, last_resume, warm)
+                    last_resume = tx.resume
+                    if warm:
+                        continue
+                    full = (
+                        pending.events >= self.options.batch_max_events
+                        or time.monotonic() - pending.opened >= self.options.batch_max_seconds
+                    )
+                    done_replay = (
+                        replay_end is not None
+                        and self.dialect.to_position(tx.resume) >= replay_end
+                    )
+                    if done_replay or (
+                        replay_end is None and full
+                    ):
+                        committed = self._flush(pending, batch_no, committed, summary)
+                        batch_no += 1
+                        replay_end = None
+                        pending = _Pending(start=dict(committed.value.source_position))
+                        if max_batches is not None and summary.batches >= max_batches:
+                            return summary
+                if not txs and replay_end is None:
+                    if not pending.empty:
+                        committed = self._flush(pending, batch_no, committed, summary)
+                        batch_no += 1
+                        pending = _Pending(start=dict(committed.value.source_position))
+                        if max_batches is not None and summary.batches >= max_batches:
+                            return summary
+                    elif until_caught_up:
+                        return summary
+                    self._refresh_windows()
+            return summary
+        finally:
+            reader.close()
+
+    def _consume(
+        self, tx: Transaction, pending: _Pending, resume_before: Mapping[str, Any], warm: bool
+    ) -> None:
+        """Feed one transaction's items to the window processor (warm-up: keys only)."""
+        for item in tx.items:
+            if isinstance(item, SchemaChange):
+                continue
+            if isinstance(item, ChangeEvent) and item.table not in self._tracked:
+                continue
+            was_active = {w.window_id for w in self._proc.active_windows}
+            outputs = self._proc.process(item)
+            if any(isinstance(o, UnknownWatermark) for o in outputs):
+                self._refresh_windows()
+                outputs = self._proc.process(item)
+            if warm:
+                continue
+            if isinstance(item, WatermarkEvent):
+                for w in self._proc.active_windows:
+                    if w.window_id not in was_active:
+                        pending.window_updates[w.window_id] = WindowUpdate(
+                            w.window_id, "registered",
+                            extra={"lw_resume": dict(resume_before), "lw_lsn": item.position.lsn},
+                        )
+            for out in outputs:
+                if isinstance(out, ChangeEvent):
+                    pending.table(out.table).events.append(out)
+                    pending.events += 1
+                elif isinstance(out, ChunkEmission):
+                    self._accept_emission(out, pending)
+                elif isinstance(out, WindowAborted):
+                    pending.window_updates[out.window.window_id] = WindowUpdate(
+                        out.window.window_id, "aborted", detail=out.reason
+                    )
+        if not warm:
+            for table, schema in tx.schemas.items():
+                if table in self._tracked:
+                    pending.schemas.setdefault(table, []).append(schema)
+            pending.end = tx.resume
+            pending.end_position = tx.position
+            pending.commit_ts_ms = tx.commit_ts_ms
+
+    # ---- chunk emissions and range progress ---------------------------------------------
+
+    def _range(self, capture_id: str, range_id: str) -> Versioned[RangeProgress] | None:
+        key = (capture_id, range_id)
+        if key not in self._ranges:
+            found = self.state.get_range(capture_id, range_id)
+            if found is None:
+                return None
+            self._ranges[key] = found
+        return self._ranges[key]
+
+    def _accept_emission(self, em: ChunkEmission, pending: _Pending) -> None:
+        """Emit the chunk only if it continues its range exactly; else abort it."""
+        wid = em.window.window_id
+        doc = self._window_docs.get(wid)
+        chunk = self.state.get(chunk_path(wid))
+        reason = None
+        if doc is None or chunk is None:
+            reason = "the chunk was never staged"
+        else:
+            cid, rid = doc.extra.get("capture_id"), doc.extra.get("range_id")
+            progress = self._range(str(cid), str(rid)) if cid and rid else None
+            if progress is None:
+                reason = "its capture range is gone"
+            elif progress.value.done or progress.value.last_emitted_key != _key(
+                doc.extra.get("after_key")
+            ):
+                reason = "out of order: the chunk before it was not emitted"
+        if reason is not None:
+            pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=reason)
+            return
+        pending.table(em.window.table).emissions.append(em)
+        pending.window_updates[wid] = WindowUpdate(wid, "emitted")
+        # Advance the in-memory progress now so a later chunk of the same range in this
+        # batch is judged against it; ZooKeeper gets it in the batch's commit.
+        assert doc is not None and chunk is not None
+        cid, rid = str(doc.extra["capture_id"]), str(doc.extra["range_id"])
+        current = self._ranges[(cid, rid)]
+        rows_selected = int(chunk.value["rows"])
+        last = _key(chunk.value.get("last_key"))
+        new = RangeProgress(
+            table=current.value.table,
+            lower=current.value.lower,
+            upper=current.value.upper,
+            last_emitted_key=last if last is not None else current.value.last_emitted_key,
+            chunks_emitted=current.value.chunks_emitted + 1,
+            rows_emitted=current.value.rows_emitted,
+            rows_dropped=current.value.rows_dropped,
+            done=bool(chunk.value.get("final")),
+        )
+        self._ranges[(cid, rid)] = Versioned(new, current.version)
+        pending.window_updates[wid] = WindowUpdate(
+            wid, "emitted", extra={"rows_selected": rows_selected, "position": em.position.lsn}
+        )
+
+    # ---- commit -------------------------------------------------------------------------
+
+    def _flush(
+        self,
+        pending: _Pending,
+        batch_no: int,
+        committed: Versioned[PositionState],
+        summary: TailSummary,
+    ) -> Versioned[PositionState]:
+        assert pending.end is not None and pending.end_position is not None
+        began = time.monotonic()
+        intent = self.state.get_batch_intent()
+        if intent is None or intent.value.batch != batch_no:
+            self.state.put_batch_intent(batch_no, pending.start, pending.end)
+        metadata = {
+            "dblog.batch": batch_no,
+            "dblog.from_lsn": committed.value.position.lsn,
+            "dblog.to_lsn": pending.end_position.lsn,
+            "dblog.windows_closed": sorted(
+                w for w, u in pending.window_updates.items() if u.status != "registered"
+            ),
+        }
+        report = BatchReport(batch_no, pending.end_position, pending.events,
+                             commit_ts_ms=pending.commit_ts_ms)
+        emitted_rows: dict[str, int] = {}
+        for table, tb in pending.tables.items():
+            for schema in pending.schemas.get(table, []):
+                self.sink.ensure_schema(schema)
+            if not self.sink.known_columns(table):
+                self.sink.ensure_schema(self.dialect.table_schema(table))
+            _, results = self.sink.write_table_batch(tb, batch_no, metadata)
+            for r in results:
+                emitted_rows[r.window_id] = r.rows_emitted
+        ranges: list[RangeUpdate] = []
+        touched: set[tuple[str, str]] = set()
+        for wid, update in pending.window_updates.items():
+            doc = self._window_docs.get(wid)
+            if update.status == "emitted" and doc is not None:
+                key = (str(doc.extra["capture_id"]), str(doc.extra["range_id"]))
+                rows = emitted_rows.get(wid, 0)
+                selected = int((update.extra or {}).get("rows_selected", rows))
+                cur = self._ranges[key]
+                self._ranges[key] = Versioned(
+                    _with_rows(cur.value, rows, selected - rows), cur.version
+                )
+                touched.add(key)
+                pending.window_updates[wid] = WindowUpdate(
+                    wid, "emitted", extra={**(update.extra or {}), "rows_emitted": rows}
+                )
+                report.emitted_windows.append(wid)
+                report.rows_emitted += rows
+            elif update.status == "aborted":
+                report.aborted_windows.append(wid)
+        for key in sorted(touched):
+            cur = self._ranges[key]
+            ranges.append(RangeUpdate(key[0], key[1], cur.value, cur.version))
+        new_state = PositionState(pending.end_position, dict(pending.end), batch_no)
+        result = self.state.commit_batch(
+            new_state, committed.version, ranges=ranges,
+            windows=list(pending.window_updates.values()),
+        )
+        for key in touched:
+            self._ranges[key] = Versioned(self._ranges[key].value, result.range_versions[key])
+        for wid, update in pending.window_updates.items():
+            if update.status != "registered":
+                self._proc.discard(wid)
+                self._window_docs.pop(wid, None)
+        report.seconds = time.monotonic() - began
+        summary.batches += 1
+        summary.events += pending.events
+        summary.rows_emitted += report.rows_emitted
+        summary.position = pending.end_position
+        if self.on_batch is not None:
+            self.on_batch(report)
+        return Versioned(new_state, result.position_version)
+
+
+def _with_rows(progress: RangeProgress, rows: int, dropped: int) -> RangeProgress:
+    return RangeProgress(
+        table=progress.table,
+        lower=progress.lower,
+        upper=progress.upper,
+        last_emitted_key=progress.last_emitted_key,
+        chunks_emitted=progress.chunks_emitted,
+        rows_emitted=progress.rows_emitted + rows,
+        rows_dropped=progress.rows_dropped + dropped,
+        done=progress.done,
+    )
+
+
+__all__ = ["ABSENT", "BatchReport", "TailOptions", "TailSummary", "Tailer", "chunk_path"]
