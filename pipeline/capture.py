@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import Key, TableId, Window
+from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import spark_type
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
@@ -115,6 +116,8 @@ class Capturer:
         self.sink = sink
         self.spark = spark
         self.options = options or CaptureOptions()
+        self.health_check: Callable[[], None] | None = None
+        """Called while waiting for emissions; raises if the tailer we rely on died."""
 
     # ---- planning -------------------------------------------------------------------------
 
@@ -288,9 +291,11 @@ class Capturer:
             "after_key": list(after) if after is not None else None,
         })
         self.dialect.write_watermark(window.low)
+        crash_point("capture.after_lw")
         spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys, where=where)
         chunk = read_chunk(self.spark, self.dialect, spec, schema).localCheckpoint(eager=True)
         self.sink.stage_chunk(chunk, wid, table)
+        crash_point("capture.after_stage")
         rows = chunk.count()
         last: Key | None = after
         if rows:
@@ -302,6 +307,7 @@ class Capturer:
             "final": rows < limit, "capture_id": capture_id, "range_id": range_id,
         }, None)
         self.dialect.write_watermark(window.high)
+        crash_point("capture.after_hw")
         return wid, rows, last
 
     def _wait(self, window_id: str, report: RangeReport) -> str:
@@ -312,6 +318,8 @@ class Capturer:
             if found is None:
                 return "gone"
             status = found.value.status
+            if self.health_check is not None:
+                self.health_check()
             if status != "registered":
                 lsn = found.value.extra.get("position")
                 if isinstance(lsn, int):

@@ -1,12 +1,19 @@
-"""The ``dblog`` command."""
+"""The ``dblog`` command: services, tail, capture, pause/resume/cancel, status, verify."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
-from pipeline.errors import DblogError
+from pipeline.errors import ConfigError, DblogError
+
+DEFAULT_CONFIG = "dblog.yaml"
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -23,13 +30,165 @@ def _services(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> Any:
+    from pipeline.config import load_config
+
+    return load_config(args.config)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from pipeline.runtime import open_runtime
+
+    config = _config(args)
+    stop = _stop_on_signals()
+    with open_runtime(config) as rt:
+        def report(b: Any) -> None:
+            print(f"batch {b.batch}: {b.events} events, {len(b.emitted_windows)} chunks "
+                  f"({b.rows_emitted} rows) emitted, lsn {b.position.lsn}", flush=True)
+
+        summary = rt.tailer(on_batch=report).run(stop=stop, until_caught_up=args.until_caught_up)
+    print(f"tailed {summary.events} events in {summary.batches} batches")
+    return 0
+
+
+def _capture(args: argparse.Namespace) -> int:
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import plan_request
+    from pipeline.runtime import open_runtime
+
+    config = _config(args)
+    tables = args.tables or [str(t) for t in config.table_ids]
+    for t in tables:
+        config.table(t)
+    request = plan_request(tables, args.keys, args.where)
+    stop = _stop_on_signals()
+    with open_runtime(config) as rt:
+        capturer = rt.capturer()
+        capture_id = capturer.plan(request)
+        print(f"capture {capture_id}: {', '.join(tables)}", flush=True)
+        with BackgroundTailer(rt.tailer()) as bg:
+            capturer.health_check = bg.check
+            if bg.external:
+                print("using the running tailer", flush=True)
+
+            def progress(r: Any) -> None:
+                print(f"  {r.table} range {r.range_id}: {r.chunks} chunks, "
+                      f"{r.rows_selected} rows selected, {r.status}", flush=True)
+
+            reports = capturer.run(capture_id, stop=stop, on_progress=progress)
+    for r in reports:
+        print(f"{r.table} [{r.range_id}] {r.status}: {r.rows_emitted} rows emitted, "
+              f"{r.rows_dropped} dropped by windows, {r.chunks} chunks, {r.seconds:.1f}s")
+    return 0 if all(r.status == "done" for r in reports) else 3
+
+
+def _set_status(args: argparse.Namespace) -> int:
+    from pipeline.runtime import open_runtime
+
+    config = _config(args)
+    table = config.table(args.table).table
+    target = {"pause": "paused", "resume": "running", "cancel": "cancelled"}[args.command]
+    with open_runtime(config, validate=args.command == "resume") as rt:
+        for found in rt.state.list_captures():
+            cap = found.value
+            if table not in cap.tables or cap.status in ("done", "cancelled", target):
+                continue
+            rt.state.set_capture_status(cap.capture_id, target, found.version)  # type: ignore[arg-type]
+            print(f"capture {cap.capture_id}: {cap.status} -> {target}")
+        if target != "running":
+            return 0
+        runnable = [f.value.capture_id for f in rt.state.list_captures()
+                    if f.value.status == "running" and table in f.value.tables]
+        if not runnable:
+            print(f"no unfinished capture of {table}")
+            return 1
+        from pipeline.background import BackgroundTailer
+
+        stop = _stop_on_signals()
+        statuses = []
+        with BackgroundTailer(rt.tailer()) as bg:
+            capturer = rt.capturer()
+            capturer.health_check = bg.check
+            for capture_id in runnable:
+                for r in capturer.run(capture_id, stop=stop):
+                    statuses.append(r.status)
+                    print(f"{r.table} [{r.range_id}] {r.status}: {r.rows_emitted} rows emitted, "
+                          f"{r.rows_dropped} dropped by windows")
+    return 0 if all(s == "done" for s in statuses) else 3
+
+
+def _status(args: argparse.Namespace) -> int:
+    from pipeline.runtime import open_runtime
+    from pipeline.status import render_status
+
+    config = _config(args)
+    with open_runtime(config, validate=False) as rt:
+        render_status(rt)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from pipeline.runtime import open_runtime
+    from pipeline.verify import verify_table
+
+    config = _config(args)
+    tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
+    with open_runtime(config) as rt:
+        reports = [verify_table(rt.dialect, rt.sink, t) for t in tables]
+    for r in reports:
+        print(r.summary())
+    bad = [r for r in reports if not r.ok]
+    print("verify: OK" if not bad else f"verify: {len(bad)} table(s) differ")
+    return 0 if not bad else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dblog", description=__doc__)
+    parser.add_argument("--config", "-c", default=DEFAULT_CONFIG,
+                        help=f"YAML configuration (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--verbose", "-v", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
     svc = sub.add_parser("services", help="local MariaDB, PostgreSQL and ZooKeeper on loopback")
     svc.add_argument("action", choices=["up", "down", "status", "env"])
     svc.set_defaults(func=_services)
+
+    tail = sub.add_parser("tail", help="tail the source log into Delta (the one ordered writer)")
+    tail.add_argument("--until-caught-up", action="store_true",
+                      help="stop once the log has no more events")
+    tail.set_defaults(func=_tail)
+
+    cap = sub.add_parser("capture", help="full-state capture of tables (DBLog chunks)")
+    cap.add_argument("tables", nargs="*", metavar="TABLE", help="DATABASE.TABLE (default: all)")
+    cap.add_argument("--keys", nargs="+", metavar="KEY",
+                     help="only these primary keys (composite: comma-separated values)")
+    cap.add_argument("--where", help="only rows matching this SQL filter")
+    cap.set_defaults(func=_capture)
+
+    for name, text in (("pause", "pause captures of a table"),
+                       ("resume", "resume paused captures of a table (and run them)"),
+                       ("cancel", "cancel captures of a table")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("table", metavar="TABLE")
+        p.set_defaults(func=_set_status)
+
+    st = sub.add_parser("status", help="capture progress, log position and lag")
+    st.set_defaults(func=_status)
+
+    ver = sub.add_parser("verify", help="compare mirror with the source (exit 1 on mismatch)")
+    ver.add_argument("tables", nargs="*", metavar="TABLE")
+    ver.set_defaults(func=_verify)
     return parser
 
 
@@ -37,8 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run one ``dblog`` command; errors print one line and exit 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.func(args))
+    except ConfigError as exc:
+        print(f"dblog: config error: {exc}", file=sys.stderr)
+        return 2
     except DblogError as exc:
         print(f"dblog: error: {exc}", file=sys.stderr)
         return 2
@@ -47,4 +211,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    started = time.monotonic()
     sys.exit(main())

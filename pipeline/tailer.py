@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent
+from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
@@ -368,12 +369,14 @@ class Tailer:
         report = BatchReport(batch_no, pending.end_position, pending.events,
                              commit_ts_ms=pending.commit_ts_ms)
         emitted_rows: dict[str, int] = {}
+        crash_point("tail.before_delta")
         for table, tb in pending.tables.items():
             for schema in pending.schemas.get(table, []):
                 self.sink.ensure_schema(schema)
             if not self.sink.known_columns(table):
                 self.sink.ensure_schema(self.dialect.table_schema(table))
             _, results = self.sink.write_table_batch(tb, batch_no, metadata)
+            crash_point("tail.after_table_write")
             for r in results:
                 emitted_rows[r.window_id] = r.rows_emitted
         ranges: list[RangeUpdate] = []
@@ -399,6 +402,7 @@ class Tailer:
         for key in sorted(touched):
             cur = self._ranges[key]
             ranges.append(RangeUpdate(key[0], key[1], cur.value, cur.version))
+        crash_point("tail.after_delta")
         new_state = PositionState(pending.end_position, dict(pending.end), batch_no)
         result = self.state.commit_batch(
             new_state, committed.version, ranges=ranges,

@@ -42,7 +42,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def seeds(request: pytest.FixtureRequest) -> list[int]:
-    """Seeds for randomized end-to-end tests: 1000, 1001, ... (``--seeds N``)."""
-    return [1000 + i for i in range(int(request.config.getoption("--seeds")))]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes ``seed`` runs once per seed: 1000, 1001, ... (``--seeds N``)."""
+    if "seed" in metafunc.fixturenames:
+        count = int(metafunc.config.getoption("--seeds"))
+        metafunc.parametrize("seed", [1000 + i for i in range(count)])

@@ -1,0 +1,54 @@
+"""Runs a tailer in a background thread while a capture runs in the foreground.
+
+``dblog capture`` works alone: if no other process holds the source's tailer lock, it tails
+in-process until its chunks are emitted; otherwise it relies on the running tailer.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from pipeline.errors import DblogError, LockHeld
+
+if TYPE_CHECKING:
+    from pipeline.tailer import Tailer, TailSummary
+
+
+class BackgroundTailer:
+    """A tailer on a daemon thread; :meth:`check` re-raises its failure in the caller."""
+
+    def __init__(self, tailer: Tailer) -> None:
+        self.tailer = tailer
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="dblog-tailer", daemon=True)
+        self.external = False
+        self.summary: TailSummary | None = None
+
+    def _main(self) -> None:
+        try:
+            self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0)
+        except LockHeld:
+            self.external = True
+        except BaseException as exc:  # surfaced by check()
+            self._error = exc
+
+    def start(self) -> BackgroundTailer:
+        self._thread.start()
+        return self
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise DblogError(f"the in-process tailer failed: {self._error}") from self._error
+
+    def stop(self, timeout: float = 120.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        self.check()
+
+    def __enter__(self) -> BackgroundTailer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

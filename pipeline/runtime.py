@@ -1,0 +1,120 @@
+"""Builds the engine's parts from a :class:`PipelineConfig` (CLI, Dagster and tests share it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.capture import CaptureOptions, Capturer
+from pipeline.config import PipelineConfig
+from pipeline.errors import ConfigError
+from pipeline.lake.layout import LakeLayout
+from pipeline.state import StateStore
+from pipeline.tailer import Tailer, TailOptions
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipeline.lake.sink import DeltaSink
+    from pipeline.sources.base import SourceDialect
+
+
+def make_dialect(config: PipelineConfig) -> SourceDialect:
+    """The source dialect the config names."""
+    src = config.source
+    if src.kind in ("mariadb", "mysql"):
+        from pipeline.sources.mysql import MySqlDialect, MySqlSettings
+
+        return MySqlDialect(MySqlSettings(
+            name=src.name, host=src.host, port=src.port, user=src.user,
+            password=src.password, server_id=src.server_id,
+            watermark_database=src.watermark_database,
+        ))
+    raise ConfigError(f"source kind {src.kind!r} is not supported")
+
+
+def identifier() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Runtime:
+    """A connected source and state store; Spark and the lake writer start on first use."""
+
+    config: PipelineConfig
+    dialect: SourceDialect
+    state: StateStore
+    _spark: SparkSession | None = None
+    _sink: DeltaSink | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            from pipeline.spark import build_spark_session
+
+            self._spark = build_spark_session(master=self.config.spark_master)
+        return self._spark
+
+    @property
+    def sink(self) -> DeltaSink:
+        if self._sink is None:
+            from pipeline.lake.sink import DeltaSink
+
+            self._sink = DeltaSink(self.spark, self.layout)
+        return self._sink
+
+    @property
+    def layout(self) -> LakeLayout:
+        return LakeLayout(self.config.lake, self.config.source.name)
+
+    def tailer(self, **kwargs: object) -> Tailer:
+        tail = self.config.tail
+        options = TailOptions(
+            batch_max_events=tail.batch_max_events,
+            batch_max_seconds=tail.batch_max_seconds,
+            poll_seconds=tail.poll_seconds,
+        )
+        return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
+                      tables=self.config.table_ids, options=options,
+                      identifier=identifier(), **kwargs)  # type: ignore[arg-type]
+
+    def capturer(self) -> Capturer:
+        cap = self.config.capture
+        options = CaptureOptions(
+            chunk_size=cap.chunk_size, max_in_flight=cap.max_in_flight,
+            chunk_sizes={t.table: t.chunk_size for t in self.config.tables},
+        )
+        return Capturer(dialect=self.dialect, state=self.state, sink=self.sink,
+                        spark=self.spark, options=options)
+
+    def close(self) -> None:
+        self.state.close()
+        self.dialect.close()
+
+
+@contextmanager
+def open_runtime(
+    config: PipelineConfig, *, spark: SparkSession | None = None, validate: bool = True
+) -> Iterator[Runtime]:
+    """Connect the source and ZooKeeper; closes connections (not Spark) on exit."""
+    dialect = make_dialect(config)
+    try:
+        if validate:
+            dialect.validate()
+            dialect.ensure_watermark_table()
+            for table in config.table_ids:
+                dialect.table_schema(table)
+        state = StateStore.connect(config.zookeeper_hosts, config.source.name,
+                                   chroot=config.zookeeper_root)
+    except BaseException:
+        dialect.close()
+        raise
+    try:
+        yield Runtime(config, dialect, state, spark)
+    finally:
+        state.close()
+        dialect.close()

@@ -1,0 +1,216 @@
+"""A random concurrent workload on a sample schema, and independent checks of the lake.
+
+Nothing here uses the pipeline's own code to judge it: the source is read with PyMySQL, the
+changelog is replayed with plain pandas.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pymysql
+import yaml
+
+from pipeline.services import Endpoints
+
+SCHEMA = [
+    # A simple integer key, with a hot subset.
+    """CREATE TABLE {db}.accounts (
+         id INT PRIMARY KEY,
+         name VARCHAR(64) NOT NULL,
+         balance DECIMAL(12,2) NOT NULL,
+         flags BIGINT UNSIGNED,
+         note TEXT
+       ) ENGINE=InnoDB""",
+    # A composite key of a string and an unsigned integer.
+    """CREATE TABLE {db}.orders (
+         region CHAR(2) NOT NULL,
+         order_no BIGINT UNSIGNED NOT NULL,
+         amount DOUBLE,
+         status ENUM('new','paid','shipped') NOT NULL,
+         PRIMARY KEY (region, order_no)
+       ) ENGINE=InnoDB""",
+]
+TABLES = ("accounts", "orders")
+REGIONS = ("eu", "us", "ap")
+
+
+def connect(ep: Endpoints, db: str | None = None, autocommit: bool = True) -> Any:
+    return pymysql.connect(
+        host=ep.host, port=ep.mariadb_port, user=ep.user, password=ep.mariadb_password,
+        database=db, autocommit=autocommit, charset="utf8mb4",
+    )
+
+
+def create_schema(ep: Endpoints, db: str, accounts: int, orders: int, seed: int) -> None:
+    rng = random.Random(seed)
+    conn = connect(ep)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        cur.execute(f"CREATE DATABASE `{db}`")
+        for ddl in SCHEMA:
+            cur.execute(ddl.format(db=f"`{db}`"))
+        cur.executemany(
+            f"INSERT INTO `{db}`.accounts VALUES (%s, %s, %s, %s, %s)",
+            [(i, f"acct-{i}", Decimal(rng.randint(-10**6, 10**6)) / 100,
+              rng.choice([None, 0, 2**64 - 1, rng.randint(0, 2**63)]),
+              rng.choice([None, "", "naïve ☃ 🚀"])) for i in range(1, accounts + 1)],
+        )
+        cur.executemany(
+            f"INSERT INTO `{db}`.orders VALUES (%s, %s, %s, %s)",
+            [(REGIONS[i % 3], 10**12 + i, rng.random() * 1000, "new")
+             for i in range(1, orders + 1)],
+        )
+    conn.close()
+
+
+@dataclass
+class Workload:
+    """Writer threads doing inserts/updates/deletes, multi-row transactions and rollbacks."""
+
+    ep: Endpoints
+    db: str
+    seed: int
+    threads: int = 2
+    touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
+    ops: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _errors: list[BaseException] = field(default_factory=list)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> Workload:
+        for n in range(self.threads):
+            t = threading.Thread(target=self._run, args=(self.seed * 100 + n,), daemon=True)
+            t.start()
+            self._workers.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(60)
+        if self._errors:
+            raise self._errors[0]
+
+    def _touch(self, table: str, key: tuple[Any, ...]) -> None:
+        with self._lock:
+            self.touched.add((table, key))
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        conn = connect(self.ep, self.db, autocommit=False)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._transaction(conn, rng)
+                except pymysql.err.OperationalError as exc:
+                    if exc.args[0] not in (1213, 1205):  # deadlock / lock wait: retry
+                        raise
+                    conn.rollback()
+                time.sleep(rng.random() * 0.01)
+        except BaseException as exc:
+            self._errors.append(exc)
+        finally:
+            conn.close()
+
+    def _transaction(self, conn: Any, rng: random.Random) -> None:
+        statements = rng.choice([1, 1, 1, 2, 3, 5])
+        rollback = rng.random() < 0.1
+        keys: list[tuple[str, tuple[Any, ...]]] = []
+        with conn.cursor() as cur:
+            for _ in range(statements):
+                keys.append(self._statement(cur, rng))
+        if rollback:
+            conn.rollback()
+        else:
+            conn.commit()
+            for table, key in keys:
+                self._touch(table, key)
+        with self._lock:
+            self.ops += statements
+
+    def _statement(self, cur: Any, rng: random.Random) -> tuple[str, tuple[Any, ...]]:
+        if rng.random() < 0.6:
+            hot = rng.random() < 0.3
+            key = rng.randint(1, 20) if hot else rng.randint(1, 4000)
+            op = rng.random()
+            if op < 0.45:
+                cur.execute(
+                    "INSERT INTO accounts VALUES (%s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
+                    "balance = VALUES(balance), name = VALUES(name)",
+                    (key, f"w-{rng.randint(0, 10**6)}", Decimal(rng.randint(-10**6, 10**6)) / 100,
+                     rng.choice([None, 2**64 - 1, rng.randint(0, 2**40)]), "w ✓"),
+                )
+            elif op < 0.8:
+                cur.execute("UPDATE accounts SET balance = balance + 1, note = %s WHERE id = %s",
+                            (f"u{rng.randint(0, 99)} 🚀", key))
+            elif op < 0.9:
+                cur.execute("DELETE FROM accounts WHERE id = %s", (key,))
+            else:  # delete, then re-insert the same key in the same transaction
+                cur.execute("DELETE FROM accounts WHERE id = %s", (key,))
+                cur.execute("INSERT INTO accounts VALUES (%s, 'reborn', 0.00, NULL, NULL)",
+                            (key,))
+            return "accounts", (key,)
+        region = rng.choice(REGIONS)
+        order_no = 10**12 + rng.randint(1, 3000)
+        op = rng.random()
+        if op < 0.4:
+            cur.execute(
+                "INSERT INTO orders VALUES (%s, %s, %s, 'new') ON DUPLICATE KEY UPDATE "
+                "amount = VALUES(amount)", (region, order_no, rng.random() * 1000),
+            )
+        elif op < 0.8:
+            cur.execute("UPDATE orders SET status = %s, amount = amount * 1.5 "
+                        "WHERE region = %s AND order_no = %s",
+                        (rng.choice(["paid", "shipped"]), region, order_no))
+        else:
+            cur.execute("DELETE FROM orders WHERE region = %s AND order_no = %s",
+                        (region, order_no))
+        return "orders", (region, order_no)
+
+
+def source_rows(ep: Endpoints, db: str, table: str, key: tuple[str, ...]) -> dict[tuple[Any, ...],
+                                                                                   dict[str, Any]]:
+    conn = connect(ep, db)
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(f"SELECT * FROM `{table}`")
+        rows = cur.fetchall()
+    conn.close()
+    return {tuple(r[k] for k in key): dict(r) for r in rows}
+
+
+def replay_changelog(changelog: pd.DataFrame, key: tuple[str, ...]) -> dict[tuple[Any, ...],
+                                                                            dict[str, Any]]:
+    """Apply the changelog in (_dblog_lsn, _dblog_seq) order with plain pandas + dicts."""
+    ordered = changelog.sort_values(["_dblog_lsn", "_dblog_seq"], kind="stable")
+    state: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for op, before, after in zip(ordered["op"], ordered["before"], ordered["after"], strict=True):
+        if op == "d":
+            state.pop(tuple(before[k] for k in key), None)
+        else:
+            state[tuple(after[k] for k in key)] = dict(after)
+    return state
+
+
+def write_config(path: Path, *, source: str, ep: Endpoints, db: str, lake: Path,
+                 chunk_size: int = 250, batch_seconds: float = 0.5) -> Path:
+    config = {
+        "source": {"name": source, "kind": "mariadb", "host": ep.host, "port": ep.mariadb_port,
+                   "user": ep.user, "password_env": "DBLOG_MARIADB_PASSWORD",
+                   "server_id": 7000 + abs(hash(source)) % 1000},
+        "tables": [f"{db}.{t}" for t in TABLES],
+        "lake": str(lake),
+        "zookeeper": {"hosts": ep.zk_hosts, "root": "dblog-test"},
+        "capture": {"chunk_size": chunk_size, "max_in_flight": 3},
+        "tail": {"batch_max_seconds": batch_seconds, "poll_seconds": 0.2},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
