@@ -1,4 +1,8 @@
-"""Independent checks of a source's lake against the source database."""
+"""Independent checks of a source's lake against the source database.
+
+Deliberately plain (PyMySQL, pandas, dicts): they judge the pipeline, so they do not use
+the pipeline's own readers.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,34 @@ from decimal import Decimal
 from typing import Any
 
 import pandas as pd
+import pymysql
 from pyspark.sql import SparkSession
 
-from tests.integration.workload import replay_changelog, source_rows
+from pipeline.sample import connect, q
+from pipeline.services import Endpoints
+
+
+def source_rows(ep: Endpoints, db: str, table: str, key: tuple[str, ...]) -> dict[tuple[Any, ...],
+                                                                                   dict[str, Any]]:
+    conn = connect(ep, db)
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(f"SELECT * FROM {q(table)}")  # noqa: S608 - quoted identifier
+        rows = cur.fetchall()
+    conn.close()
+    return {tuple(r[k] for k in key): dict(r) for r in rows}
+
+
+def replay_changelog(changelog: pd.DataFrame, key: tuple[str, ...]) -> dict[tuple[Any, ...],
+                                                                            dict[str, Any]]:
+    """Apply the changelog in (_dblog_lsn, _dblog_seq) order with plain pandas + dicts."""
+    ordered = changelog.sort_values(["_dblog_lsn", "_dblog_seq"], kind="stable")
+    state: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for op, before, after in zip(ordered["op"], ordered["before"], ordered["after"], strict=True):
+        if op == "d":
+            state.pop(tuple(before[k] for k in key), None)
+        else:
+            state[tuple(after[k] for k in key)] = dict(after)
+    return state
 
 
 def normalize(value: Any) -> Any:

@@ -16,10 +16,10 @@ from pipeline.capture import CaptureRequest
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import Runtime, open_runtime
+from pipeline.sample import TABLES, Workload, create_schema, write_config
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, normalize
-from tests.integration.workload import TABLES, Workload, create_schema, source_rows, write_config
+from tests.integration.checks import check_table, normalize, source_rows
 
 pytestmark = pytest.mark.integration
 
