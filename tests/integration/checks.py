@@ -97,3 +97,21 @@ def check_table(spark: SparkSession, ep: Any, db: str, table: str, key: tuple[st
         f"different {[(k, expected[k], replayed[k]) for k in wrong[:3]]}"
     )
     return frame
+
+
+def check_untouched_captured_once(frame: pd.DataFrame, table: str, key: tuple[str, ...],
+                                  initial: set[tuple[Any, ...]],
+                                  touched: set[tuple[str, tuple[Any, ...]]]) -> int:
+    """Invariant 4: rows that existed throughout and were never written appear exactly once
+    among the capture rows (``op = 'r'``). Returns how many such rows there were."""
+    counts: dict[tuple[Any, ...], int] = {}
+    for after in frame[frame["op"] == "r"]["after"]:
+        k = tuple(normalize(after[c]) for c in key)
+        counts[k] = counts.get(k, 0) + 1
+    untouched = {
+        tuple(normalize(v) for v in k) for k in initial if (table, tuple(k)) not in touched
+    }
+    wrong = {k: counts.get(k, 0) for k in untouched if counts.get(k, 0) != 1}
+    sample = dict(list(wrong.items())[:10])
+    assert not wrong, f"{table}: untouched rows not captured exactly once: {sample}"
+    return len(untouched)

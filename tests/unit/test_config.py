@@ -1,0 +1,72 @@
+"""A malformed configuration fails with a clear message naming what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config import load_config, parse_config
+from pipeline.errors import ConfigError
+from pipeline.events import TableId
+
+GOOD: dict[str, Any] = {
+    "source": {"name": "main", "kind": "mariadb", "host": "127.0.0.1", "port": 13306,
+               "user": "dblog", "password_env": "DBLOG_TEST_PW"},
+    "tables": ["shop.accounts", {"name": "shop.orders", "chunk_size": 10}],
+    "lake": "lake",
+}
+
+
+def test_good_config(tmp_path: Path) -> None:
+    config = parse_config(GOOD, base_dir=tmp_path)
+    assert config.table_ids == (TableId("shop", "accounts"), TableId("shop", "orders"))
+    assert config.table("shop.orders").chunk_size == 10
+    assert config.table("shop.accounts").chunk_size == 2000
+    assert config.lake == (tmp_path / "lake").resolve()
+
+
+def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = parse_config(GOOD)
+    monkeypatch.delenv("DBLOG_TEST_PW", raising=False)
+    with pytest.raises(ConfigError, match="DBLOG_TEST_PW"):
+        _ = config.source.password
+    monkeypatch.setenv("DBLOG_TEST_PW", "s3cret")
+    assert config.source.password == "s3cret"
+    assert "s3cret" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"source": None}, "source must be a mapping"),
+        ({"tables": []}, "tables must be a non-empty list"),
+        ({"tables": ["no_dot"]}, r"tables\[0\].*DATABASE.TABLE"),
+        ({"tables": ["a.b", "a.b"]}, "listed twice"),
+        ({"bogus": 1}, "unknown top-level keys: bogus"),
+        ({"capture": {"chunk_size": 0}}, "capture.chunk_size must be a positive number"),
+        ({"capture": {"chunk_size": "many"}}, "capture.chunk_size must be a positive number"),
+        ({"source": {**GOOD["source"], "kind": "oracle"}}, "not supported"),
+        ({"source": {**GOOD["source"], "port": "x"}}, "source.port must be a whole number"),
+        ({"source": {k: v for k, v in GOOD["source"].items() if k != "host"}},
+         "source.host is missing"),
+        ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
+    ],
+)
+def test_bad_config(patch: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**GOOD, **patch})
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    top = tmp_path / "top.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(top)
