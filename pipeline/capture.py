@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.chunking import KeyRange
@@ -26,7 +26,6 @@ from pipeline.errors import ConfigError, DblogError
 from pipeline.events import Key, TableId, Window
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
-from pipeline.lake.types import spark_type
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import ABSENT, RangeProgress, StateStore
 from pipeline.tailer import chunk_path
@@ -85,18 +84,6 @@ def range_id_for(table: TableId, index: int) -> str:
 
 def quote_spark(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def read_chunk(
-    spark: SparkSession, dialect: SourceDialect, spec: ChunkSpec, schema: TableSchema
-) -> DataFrame:
-    """One chunk through Spark JDBC, cast to the table's canonical Spark schema."""
-    df = (spark.read.format("jdbc").options(**dialect.jdbc_options())
-          .option("query", dialect.chunk_sql(spec, schema)).load())
-    return df.select(*[
-        F.col(quote_spark(c.name)).cast(spark_type(c.spark_type)).alias(c.name)
-        for c in schema.columns
-    ])
 
 
 class Capturer:
@@ -293,7 +280,7 @@ class Capturer:
         self.dialect.write_watermark(window.low)
         crash_point("capture.after_lw")
         spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys, where=where)
-        chunk = read_chunk(self.spark, self.dialect, spec, schema).localCheckpoint(eager=True)
+        chunk = self.dialect.read_chunk(self.spark, spec, schema).localCheckpoint(eager=True)
         self.sink.stage_chunk(chunk, wid, table)
         crash_point("capture.after_stage")
         rows = chunk.count()

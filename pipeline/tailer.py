@@ -235,6 +235,7 @@ class Tailer:
                         if max_batches is not None and summary.batches >= max_batches:
                             return summary
                 if not txs and replay_end is None:
+                    self._skip_untracked(reader, pending, committed.value)
                     if not pending.empty:
                         committed = self._flush(pending, batch_no, committed, summary)
                         batch_no += 1
@@ -247,6 +248,17 @@ class Tailer:
             return summary
         finally:
             reader.close()
+
+    def _skip_untracked(self, reader: Any, pending: _Pending, committed: PositionState) -> None:
+        """Idle: move the position past transactions of untracked tables the reader skipped."""
+        resume = getattr(reader, "resume", None)
+        if not resume:
+            return
+        here = self.dialect.to_position(resume)
+        latest = pending.end if pending.end is not None else committed.source_position
+        if here > self.dialect.to_position(latest):
+            pending.end = dict(resume)
+            pending.end_position = here
 
     def _consume(
         self, tx: Transaction, pending: _Pending, resume_before: Mapping[str, Any], warm: bool

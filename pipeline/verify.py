@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.capture import quote_spark, read_chunk
+from pipeline.capture import quote_spark
 from pipeline.events import TableId
 from pipeline.lake.sink import META_COLUMNS, DeltaSink
 from pipeline.sources.base import ChunkSpec, SourceDialect
@@ -45,17 +44,12 @@ class VerifyReport:
         return "\n".join(parts)
 
 
-def source_frame(spark: Any, dialect: SourceDialect, table: TableId) -> DataFrame:
-    schema = dialect.table_schema(table)
-    return read_chunk(spark, dialect, ChunkSpec(table, FULL_TABLE), schema)
-
-
 def verify_table(dialect: SourceDialect, sink: DeltaSink, table: TableId,
                  sample: int = 50) -> VerifyReport:
     """Compare mirror and source on the source's current columns; list differing keys."""
     spark = sink.spark
     schema = dialect.table_schema(table)
-    source = read_chunk(spark, dialect, ChunkSpec(table, FULL_TABLE), schema).localCheckpoint()
+    source = dialect.read_chunk(spark, ChunkSpec(table, FULL_TABLE), schema).localCheckpoint()
     cols = [quote_spark(c) for c in schema.names]
     keys = [quote_spark(k) for k in schema.key]
     if sink.known_columns(table):

@@ -1,0 +1,417 @@
+"""Committed transactions from the MariaDB/MySQL binlog, via mysql-replication.
+
+The reader keeps one blocking binlog connection with a short server heartbeat, so
+:meth:`MySqlLogReader.read` returns within about ``max_wait_s`` (+ one heartbeat). Rows are
+buffered until their transaction commits (XID event or COMMIT query); a partial transaction
+survives between calls. If the connection fails, the partial transaction is dropped and the
+next call reconnects at the last transaction boundary, so nothing is lost or repeated.
+
+Row images are decoded with the columns of the TABLE_MAP event that precedes them
+(``binlog_row_metadata=FULL``: names, signedness, ENUM/SET values, primary key), never from
+``information_schema``: a reader behind a DDL still decodes old rows with the old columns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import NONE_SOURCE
+from pymysqlreplication.event import (
+    FormatDescriptionEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
+from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
+from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
+from pipeline.sources.mysql.connection import MySqlSettings, translate
+from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
+from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
+
+ONLY_EVENTS = [
+    QueryEvent, XidEvent, RotateEvent, FormatDescriptionEvent, TableMapEvent, WriteRowsEvent,
+    UpdateRowsEvent, DeleteRowsEvent, MariadbGtidEvent, HeartbeatLogEvent, StopEvent,
+    XAPrepareEvent,
+]
+FL_STANDALONE = 0x01  # MariaDB GTID event flag: the group has no COMMIT/XID
+ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
+WATERMARK_TABLE = "watermark"
+
+
+def binlog_file_index(name: str) -> int:
+    """The numeric suffix of a binlog file name (``mysql-bin.000042`` -> 42)."""
+    _, dot, suffix = name.rpartition(".")
+    if not dot or not suffix.isascii() or not suffix.isdigit():
+        raise ConfigError(f"not a binlog file name: {name!r}")
+    return int(suffix)
+
+
+def native_position(native: Mapping[str, Any]) -> tuple[str, int]:
+    """Validate a ``{"file": ..., "pos": ...}`` binlog position."""
+    try:
+        file, pos = native["file"], native["pos"]
+    except (KeyError, TypeError):
+        raise ConfigError(f"binlog position needs 'file' and 'pos': {native!r}") from None
+    if not isinstance(file, str) or not isinstance(pos, int) or isinstance(pos, bool):
+        raise ConfigError(f"binlog position needs a file name and an offset: {native!r}")
+    binlog_file_index(file)
+    if not 4 <= pos < 2**32:
+        raise ConfigError(f"binlog offset out of range: {pos}")
+    return file, pos
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How to decode rows of one TABLE_MAP: the schema and per-column converters."""
+
+    table: TableId
+    schema: TableSchema
+    columns: tuple[tuple[str, Converter | None, bool], ...]  # name, converter, is SET
+    watermark: bool
+
+
+def _decode(plan: _Plan, values: Mapping[str, Any], none_sources: Mapping[str, str]
+            ) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name, conv, is_set in plan.columns:
+        value = values[name]
+        if value is None:
+            if is_set and none_sources.get(name) == NONE_SOURCE.EMPTY_SET:
+                value = ""
+        elif conv is not None:
+            value = conv(value)
+        row[name] = value
+    return row
+
+
+def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
+    """Schema and converters from a TABLE_MAP event's own column metadata."""
+    where = f"binlog table map of {table}"
+    columns: list[Column] = []
+    decoders: list[tuple[str, Converter | None, bool]] = []
+    mask = event.null_bitmask
+    for i, col in enumerate(event.columns):
+        if not col.name:
+            raise SourceError(
+                f"{where} has no column names: set binlog_row_metadata=FULL on the server"
+            )
+        st = from_binlog_column(col, f"{where} column {col.name!r}")
+        nullable = bool(mask[i // 8] & (1 << (i % 8)))
+        columns.append(Column(col.name, st.spark_type, nullable, st.name))
+        conv = binlog_converter(st, col.set_values or ())
+        decoders.append((col.name, conv, st.base == "set"))
+    meta = event.optional_metadata
+    indexes = list(meta.simple_primary_key_list or []) or list(meta.primary_keys_with_prefix)
+    key = tuple(event.columns[i].name for i in indexes)
+    if not key and not watermark:
+        raise no_primary_key(table)
+    schema = TableSchema(table, tuple(columns), key)
+    return _Plan(table, schema, tuple(decoders), watermark)
+
+
+class MySqlLogReader:
+    """A :class:`pipeline.sources.base.LogReader` over one server's binlog."""
+
+    def __init__(
+        self, settings: MySqlSettings, start: Mapping[str, Any], tables: Iterable[TableId]
+    ) -> None:
+        file, pos = native_position(start)
+        self._settings = settings
+        self._tracked = frozenset(tables)
+        self._watermark = TableId(settings.watermark_database, WATERMARK_TABLE)
+        self._boundary: dict[str, Any] = {"file": file, "pos": pos}
+        self._file = file
+        self._file_index = binlog_file_index(file)
+        self._stream: BinLogStreamReader | None = None
+        self._plans: dict[int, _Plan | None] = {}
+        self._plan_cache: dict[tuple[Any, ...], _Plan] = {}
+        self._closed = False
+        self._reset_transaction()
+
+    @property
+    def resume(self) -> dict[str, Any]:
+        """The position after the last complete transaction read (returned or skipped)."""
+        return dict(self._boundary)
+
+    def _reset_transaction(self) -> None:
+        self._in_txn = False
+        self._standalone = False
+        self._buffer: list[tuple[Any, ...]] = []
+        self._touched: dict[TableId, TableSchema] = {}
+
+    def _open_stream(self) -> BinLogStreamReader:
+        tables = self._tracked | {self._watermark}
+        kwargs = self._settings.pymysql_kwargs()
+        return BinLogStreamReader(
+            connection_settings=kwargs,
+            server_id=self._settings.server_id,
+            log_file=self._boundary["file"],
+            log_pos=self._boundary["pos"],
+            resume_stream=True,
+            blocking=True,
+            slave_heartbeat=self._settings.heartbeat_s,
+            only_events=ONLY_EVENTS,
+            only_tables=sorted({t.table for t in tables}),
+            only_schemas=sorted({t.database for t in tables}),
+            # is_mariadb=True would make mysql-replication ignore log_file/log_pos (it then
+            # dumps from the first binlog); the MySQL COM_BINLOG_DUMP path works on MariaDB.
+            is_mariadb=False,
+            enable_logging=False,
+            use_column_name_cache=False,
+            # Skip re-parsing a TABLE_MAP whose table id is known (the slowest part of the
+            # library). Safe: a table gets a new id whenever its definition is reloaded (any
+            # DDL), and the library forgets all ids at each real rotation (server restart).
+            freeze_schema=True,
+        )
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except Exception:  # closing a broken connection
+                pass
+        self._stream = None
+        self._file = self._boundary["file"]
+        self._file_index = binlog_file_index(self._file)
+        self._reset_transaction()
+
+    def _translate(self, exc: BaseException) -> DblogError:
+        if isinstance(exc, DblogError):
+            return exc
+        where = f"{self._boundary['file']}:{self._boundary['pos']}"
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        if code == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+            text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+            if "purged" in text.lower() or "could not find first log file" in text.lower():
+                return LogPurgedError(
+                    f"binlog position {where} is no longer on {self._settings.address} "
+                    f"({text}): run a capture to re-snapshot the tables"
+                )
+        if isinstance(exc, pymysql.MySQLError | OSError):
+            return translate(exc, self._settings, f"reading the binlog at {where}")
+        return SourceError(
+            f"reading the binlog at {where} failed: {type(exc).__name__}: {exc}"
+        )
+
+    def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
+        """Up to ``max_transactions`` committed transactions touching the tracked tables
+        or the watermark table. Returns early once the server is idle (heartbeat) and
+        something was read; otherwise waits at most about ``max_wait_s``."""
+        if self._closed:
+            raise SourceError("the binlog reader is closed")
+        out: list[Transaction] = []
+        if max_transactions <= 0:
+            return out
+        deadline = time.monotonic() + max(0.0, max_wait_s)
+        try:
+            if self._stream is None:
+                self._stream = self._open_stream()
+            while len(out) < max_transactions and time.monotonic() < deadline:
+                event = self._stream.fetchone()
+                if event is None:  # the server ended the dump: reconnect next time
+                    self._drop_stream()
+                    break
+                if isinstance(event, HeartbeatLogEvent):
+                    if out:  # the server is idle: nothing more to wait for
+                        break
+                    continue
+                txn = self._handle(event)
+                if txn is not None:
+                    out.append(txn)
+        except Exception as exc:  # translated below
+            self._drop_stream()
+            if out:  # deliver what is complete; the error recurs on the next call
+                return out
+            raise self._translate(exc) from exc
+        return out
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop_stream()
+
+    # -- event handling ---------------------------------------------------------------
+
+    def _handle(self, event: Any) -> Transaction | None:
+        if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+            if not self._in_txn:
+                self._in_txn = True
+            self._on_rows(event)
+            return None
+        if isinstance(event, TableMapEvent):
+            self._on_table_map(event)
+            return None
+        if isinstance(event, XidEvent):
+            return self._commit(event)
+        if isinstance(event, MariadbGtidEvent):
+            self._reset_transaction()
+            self._in_txn = True
+            self._standalone = bool(event.flags & FL_STANDALONE)
+            return None
+        if isinstance(event, QueryEvent):
+            return self._on_query(event)
+        if isinstance(event, RotateEvent):
+            self._file = event.next_binlog
+            self._file_index = binlog_file_index(self._file)
+            if event.timestamp != 0:  # a real rotation (not the dump's first event):
+                self._plans.clear()  # the library forgets table ids too (restart safety)
+                if not self._in_txn:
+                    self._boundary = {"file": self._file, "pos": int(event.position)}
+            return None
+        if isinstance(event, XAPrepareEvent):
+            if self._buffer:
+                raise SourceError(
+                    "an XA transaction changed captured tables; XA is not supported"
+                )
+            self._boundary = {"file": self._file, "pos": int(event.packet.log_pos)}
+            self._reset_transaction()
+        return None
+
+    def _on_table_map(self, event: Any) -> None:
+        table = TableId(event.schema, event.table)
+        watermark = table == self._watermark
+        if not watermark and table not in self._tracked:
+            self._plans[event.table_id] = None
+            return
+        cols = event.columns
+        signature = (
+            table, bytes(event.null_bitmask),
+            tuple((c.name, c.type, c.unsigned, c.character_set_name,
+                   tuple(c.set_values or ()), getattr(c, "max_length", None),
+                   getattr(c, "length_size", None), getattr(c, "fsp", None),
+                   getattr(c, "precision", None), getattr(c, "decimals", None),
+                   getattr(c, "bits", None)) for c in cols),
+            tuple(event.optional_metadata.simple_primary_key_list or ()),
+            tuple(event.optional_metadata.primary_keys_with_prefix or ()),
+        )
+        plan = self._plan_cache.get(signature)
+        if plan is None:
+            plan = plan_from_table_map(event, table, watermark)
+            if len(self._plan_cache) > 1000:
+                self._plan_cache.clear()
+            self._plan_cache[signature] = plan
+        self._plans[event.table_id] = plan
+
+    def _on_rows(self, event: Any) -> None:
+        plan = self._plans.get(event.table_id)
+        if plan is None:
+            return
+        if event.number_of_columns != len(plan.columns):
+            raise SourceError(
+                f"rows event for {plan.table} has {event.number_of_columns} columns, its "
+                f"table map {len(plan.columns)}"
+            )
+        lsn_index, offset = self._file_index, int(event.packet.log_pos)
+        seq = 0
+        if plan.watermark:
+            if isinstance(event, DeleteRowsEvent):
+                return
+            for row in event.rows:
+                values = row["values"] if "values" in row else row["after_values"]
+                value = values.get("value")
+                if value is not None:
+                    position = Position.from_binlog(lsn_index, offset, seq)
+                    self._buffer.append(("w", str(value), position))
+                    seq += 1
+            return
+        self._touched[plan.table] = plan.schema
+        key_names = plan.schema.key
+        table = plan.table
+        buffer = self._buffer
+        if isinstance(event, UpdateRowsEvent):
+            for row in event.rows:
+                before = _decode(plan, row["before_values"], row["before_none_sources"])
+                after = _decode(plan, row["after_values"], row["after_none_sources"])
+                old_key = tuple(before[k] for k in key_names)
+                new_key = tuple(after[k] for k in key_names)
+                if old_key == new_key:
+                    position = Position.from_binlog(lsn_index, offset, seq)
+                    buffer.append(("c", table, Op.UPDATE, new_key, before, after, position))
+                    seq += 1
+                else:
+                    position = Position.from_binlog(lsn_index, offset, seq)
+                    buffer.append(("c", table, Op.DELETE, old_key, before, None, position))
+                    position = Position.from_binlog(lsn_index, offset, seq + 1)
+                    buffer.append(("c", table, Op.CREATE, new_key, None, after, position))
+                    seq += 2
+            return
+        op = Op.CREATE if isinstance(event, WriteRowsEvent) else Op.DELETE
+        for row in event.rows:
+            image = _decode(plan, row["values"], row["none_sources"])
+            key = tuple(image[k] for k in key_names)
+            position = Position.from_binlog(lsn_index, offset, seq)
+            if op is Op.CREATE:
+                buffer.append(("c", table, op, key, None, image, position))
+            else:
+                buffer.append(("c", table, op, key, image, None, position))
+            seq += 1
+
+    def _on_query(self, event: Any) -> Transaction | None:
+        query = str(event.query)
+        word = query.strip().rstrip(";").strip().upper()
+        if word == "BEGIN":
+            self._reset_transaction()
+            self._in_txn = True
+            return None
+        if word == "COMMIT":
+            return self._commit(event)
+        if word == "ROLLBACK":
+            self._boundary = {"file": self._file, "pos": int(event.packet.log_pos)}
+            self._reset_transaction()
+            return None
+        default_db = event.schema.decode("utf-8", "replace") if event.schema else ""
+        tables, databases = ddl_targets(query, default_db)
+        hits = [t for t in tables if t in self._tracked]
+        hits += sorted(
+            (t for t in self._tracked if t.database in databases and t not in hits), key=str
+        )
+        offset = int(event.packet.log_pos)
+        for seq, table in enumerate(dict.fromkeys(hits)):
+            position = Position.from_binlog(self._file_index, offset, seq)
+            self._buffer.append(("s", SchemaChange(table, query, position)))
+        if self._in_txn and not self._standalone:
+            return None
+        return self._commit(event)
+
+    def _commit(self, event: Any) -> Transaction | None:
+        offset = int(event.packet.log_pos)
+        self._boundary = {"file": self._file, "pos": offset}
+        buffer, touched = self._buffer, self._touched
+        self._reset_transaction()
+        if not buffer:
+            return None
+        ts = int(event.timestamp) * 1000
+        items: list[LogItem] = []
+        for entry in buffer:
+            kind = entry[0]
+            if kind == "c":
+                _, table, op, key, before, after, position = entry
+                items.append(ChangeEvent(table=table, op=op, key=key, position=position,
+                                         before=before, after=after, commit_ts_ms=ts))
+            elif kind == "w":
+                items.append(WatermarkEvent(entry[1], entry[2], ts))
+            else:
+                items.append(entry[1])
+        return Transaction(
+            items=tuple(items),
+            resume=dict(self._boundary),
+            position=Position.from_binlog(self._file_index, offset),
+            commit_ts_ms=ts,
+            schemas=touched,
+        )

@@ -1,0 +1,270 @@
+"""MariaDB/MySQL as a DBLog source: the :class:`SourceDialect` implementation."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pymysql
+
+from pipeline.errors import ConfigError, LogPurgedError, SourceError
+from pipeline.events import Position, TableId
+from pipeline.sources.base import ChunkSpec, TableSchema
+from pipeline.sources.mysql.binlog import (
+    WATERMARK_TABLE,
+    MySqlLogReader,
+    binlog_file_index,
+    native_position,
+)
+from pipeline.sources.mysql.checks import check_privileges, check_server_variables
+from pipeline.sources.mysql.connection import UNREACHABLE_CODES, MySqlSettings, connect, translate
+from pipeline.sources.mysql.schema import load_table_schema
+from pipeline.sources.mysql.snapshot import build_chunk_sql
+from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+
+T = TypeVar("T")
+ER_PARSE_ERROR = 1064
+WATERMARK_LENGTH = 36
+INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
+
+
+def _grantee(current_user: str) -> str:
+    user, _, host = current_user.rpartition("@")
+    return f"'{user}'@'{host}'"
+
+
+class MySqlDialect:
+    """MariaDB (10.5+) / MySQL (8.0.14+) source: validation, watermarks, binlog, chunks.
+
+    One control connection (autocommit, session time zone UTC) serves metadata and
+    watermark writes, guarded by a lock; each log reader has its own binlog connection.
+    """
+
+    def __init__(self, settings: MySqlSettings) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def __repr__(self) -> str:
+        return f"MySqlDialect({self.settings!r})"
+
+    @property
+    def watermark_table(self) -> TableId:
+        return TableId(self.settings.watermark_database, WATERMARK_TABLE)
+
+    def _run(self, work: Callable[[Any], T], doing: str = "") -> T:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = connect(self.settings)
+                else:
+                    self._conn.ping(reconnect=True)
+                return work(self._conn)
+            except (pymysql.MySQLError, OSError) as exc:
+                code = exc.args[0] if exc.args else None
+                if code in UNREACHABLE_CODES or isinstance(exc, OSError | pymysql.InterfaceError):
+                    self._close_locked()
+                raise translate(exc, self.settings, doing) from None
+
+    def _close_locked(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # already broken
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    # -- validation -------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Refuse (SourceError naming the setting and the fix) unless the server can be
+        captured: binlog on, ROW/FULL/FULL, and REPLICATION SLAVE, BINLOG MONITOR, SELECT."""
+
+        def check(conn: Any) -> list[str]:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format',"
+                    " 'binlog_row_image', 'binlog_row_metadata')"
+                )
+                variables = {str(k).lower(): v for k, v in cur.fetchall()}
+                problems = check_server_variables(variables)
+                cur.execute("SELECT CURRENT_USER()")
+                grantee = _grantee(str(cur.fetchone()[0]))
+                grantees = [grantee]
+                try:
+                    cur.execute("SELECT ROLE_NAME FROM information_schema.ENABLED_ROLES")
+                    for (role,) in cur.fetchall():
+                        grantees += [f"'{role}'", f"'{role}'@''", f"'{role}'@'%'"]
+                except pymysql.MySQLError:
+                    pass
+                marks = ", ".join(["%s"] * len(grantees))
+                cur.execute(
+                    "SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES"  # noqa: S608
+                    f" WHERE GRANTEE IN ({marks})",  # placeholders only
+                    grantees,
+                )
+                privileges = [str(r[0]) for r in cur.fetchall()]
+                cur.execute(
+                    "SELECT 1 FROM information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE IN"  # noqa: S608
+                    f" ({marks}) AND PRIVILEGE_TYPE = 'SELECT' UNION ALL SELECT 1 FROM"
+                    f" information_schema.TABLE_PRIVILEGES WHERE GRANTEE IN ({marks})"
+                    " AND PRIVILEGE_TYPE = 'SELECT' LIMIT 1",
+                    grantees + grantees,
+                )
+                has_select = cur.fetchone() is not None
+            return problems + check_privileges(privileges, has_select=has_select,
+                                               grantee=grantee)
+
+        problems = self._run(check, "validate")
+        if problems:
+            raise SourceError(
+                f"source {self.name!r} ({self.settings.address}) cannot be captured: "
+                + "; ".join(problems)
+            )
+
+    # -- watermarks -------------------------------------------------------------------
+
+    def ensure_watermark_table(self) -> None:
+        """Create ``<watermark_database>.watermark`` with its one row, if missing."""
+        db = quote_ident(self.settings.watermark_database)
+        table = quote_table(self.watermark_table)
+
+        def create(conn: Any) -> None:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {db}")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {table} (id TINYINT NOT NULL PRIMARY KEY,"
+                    " value CHAR(36) NOT NULL, written_at TIMESTAMP(6) NULL DEFAULT NULL)"
+                    " ENGINE=InnoDB"
+                )
+                cur.execute(
+                    f"INSERT IGNORE INTO {table} (id, value, written_at)"  # noqa: S608 - quoted
+                    " VALUES (1, %s, NULL)",
+                    (INITIAL_WATERMARK,),
+                )
+
+        self._run(create, "creating the watermark table")
+
+    def write_watermark(self, value: str) -> None:
+        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction."""
+        if not isinstance(value, str) or not value or len(value) > WATERMARK_LENGTH:
+            raise ConfigError(f"watermark value must be 1-36 characters, got {value!r}")
+        sql = (
+            f"UPDATE {quote_table(self.watermark_table)}"  # noqa: S608 - quoted identifier
+            " SET value = %s, written_at = NOW(6) WHERE id = 1"
+        )
+
+        def write(conn: Any) -> int:
+            with conn.cursor() as cur:
+                return int(cur.execute(sql, (value,)))
+
+        if self._run(write, "writing a watermark") != 1:
+            raise SourceError(
+                f"watermark row missing in {self.watermark_table}: run ensure_watermark_table"
+            )
+
+    # -- metadata and positions ------------------------------------------------------
+
+    def table_schema(self, table: TableId) -> TableSchema:
+        return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
+
+    def head_position(self) -> dict[str, Any]:
+        """``{"file", "pos"}`` of the end of the binlog now."""
+
+        def status(conn: Any) -> Any:
+            with conn.cursor() as cur:
+                try:
+                    cur.execute("SHOW MASTER STATUS")
+                except pymysql.err.ProgrammingError as exc:
+                    if exc.args[0] != ER_PARSE_ERROR:
+                        raise
+                    cur.execute("SHOW BINARY LOG STATUS")  # MySQL 8.4+
+                return cur.fetchone()
+
+        row = self._run(status, "reading the binlog position")
+        if row is None:
+            raise SourceError(
+                f"binary logging is disabled on {self.settings.address}: enable log-bin "
+                "in the server's configuration and restart it"
+            )
+        return {"file": str(row[0]), "pos": int(row[1])}
+
+    def to_position(self, native: Mapping[str, Any]) -> Position:
+        file, pos = native_position(native)
+        return Position.from_binlog(binlog_file_index(file), pos)
+
+    def binary_logs(self) -> list[tuple[str, int]]:
+        """The server's binlog files and sizes (SHOW BINARY LOGS)."""
+
+        def logs(conn: Any) -> list[tuple[str, int]]:
+            with conn.cursor() as cur:
+                cur.execute("SHOW BINARY LOGS")
+                return [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+
+        return self._run(logs, "listing binlog files")
+
+    def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]) -> MySqlLogReader:
+        """A reader from ``start``; LogPurgedError if the binlog no longer reaches back."""
+        file, pos = native_position(start)
+        logs = self.binary_logs()
+        sizes = dict(logs)
+        where = f"binlog position {file}:{pos}"
+        if file not in sizes:
+            span = f"{logs[0][0]} .. {logs[-1][0]}" if logs else "none"
+            if not logs or binlog_file_index(file) < binlog_file_index(logs[0][0]):
+                reason = "was purged"
+            else:
+                reason = "is not on the server (was its log reset?)"
+            raise LogPurgedError(
+                f"{where} {reason} (binlogs on {self.settings.address}: {span}): "
+                "run a capture to re-snapshot the tables"
+            )
+        if pos > sizes[file]:
+            raise LogPurgedError(
+                f"{where} is past the end of {file} ({sizes[file]} bytes): the server's log "
+                "does not match the stored position; run a capture to re-snapshot the tables"
+            )
+        for table in tables:
+            if not isinstance(table, TableId):
+                raise ConfigError(f"expected a TableId, got {table!r}")
+        return MySqlLogReader(self.settings, {"file": file, "pos": pos}, tables)
+
+    # -- chunks -----------------------------------------------------------------------
+
+    def chunk_sql(self, spec: ChunkSpec, schema: TableSchema) -> str:
+        if spec.table != schema.table:
+            raise ConfigError(f"chunk of {spec.table} with the schema of {schema.table}")
+        return build_chunk_sql(spec, schema)
+
+    def read_chunk(self, spark: Any, spec: ChunkSpec, schema: TableSchema) -> Any:
+        """One chunk through Spark JDBC in the canonical schema (see snapshot.read_chunk)."""
+        from pipeline.sources.mysql.snapshot import read_chunk
+
+        return read_chunk(spark, self, spec, schema)
+
+    def jdbc_options(self) -> dict[str, str]:
+        """Spark JDBC options. The ``jdbc:mysql:`` scheme (``permitMysqlScheme``) makes Spark
+        use its MySQL dialect (backtick quoting); with ``jdbc:mariadb:`` Spark falls back to
+        a generic dialect that double-quotes column names, which MariaDB reads as strings."""
+        s = self.settings
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        params = "&".join([
+            "permitMysqlScheme",
+            "tinyInt1isBit=false",
+            "yearIsDateType=false",
+            "connectionTimeZone=UTC",
+            "forceConnectionTimeZoneToSession=true",
+            f"connectTimeout={int(s.connect_timeout * 1000)}",
+        ])
+        return {
+            "url": f"jdbc:mysql://{host}:{s.port}/?{params}",
+            "driver": "org.mariadb.jdbc.Driver",
+            "user": s.user,
+            "password": s.password,
+        }

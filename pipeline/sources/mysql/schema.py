@@ -1,0 +1,212 @@
+"""Table schemas from information_schema, and which tables a DDL statement touches."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pymysql.cursors
+
+from pipeline.errors import SourceError
+from pipeline.events import TableId
+from pipeline.sources.base import Column, TableSchema
+from pipeline.sources.mysql.types import from_information_schema
+
+_COLUMNS_SQL = (
+    "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,"
+    " DATETIME_PRECISION, CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS"
+    " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION"
+)
+_TABLES_SQL = (
+    "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES"
+    " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
+)
+_KEY_SQL = (
+    "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s"
+    " AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX"
+)
+
+
+def no_primary_key(table: TableId) -> SourceError:
+    return SourceError(
+        f"table {table} has no primary key; DBLog needs one to chunk and to merge"
+    )
+
+
+def load_table_schema(conn: Any, table: TableId) -> TableSchema:
+    """The current schema of ``table`` from information_schema (columns in table order)."""
+    if any(ord(ch) > 0xFFFF or ch == "\x00" for ch in str(table)):
+        raise SourceError(f"table {table} does not exist: not a valid MariaDB identifier")
+    args = (table.database, table.table)
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(_TABLES_SQL, args)
+        found = [r for r in cur.fetchall() if r["TABLE_NAME"] == table.table]
+        if not found:
+            raise SourceError(f"table {table} does not exist (or the user cannot see it)")
+        if found[0]["TABLE_TYPE"] != "BASE TABLE":
+            raise SourceError(
+                f"{table} is a {str(found[0]['TABLE_TYPE']).lower()}, not a table: "
+                "only base tables have row changes in the binlog"
+            )
+        cur.execute(_COLUMNS_SQL, args)
+        rows = cur.fetchall()
+        cur.execute(_KEY_SQL, args)
+        key = tuple(str(r["COLUMN_NAME"]) for r in cur.fetchall())
+    columns = []
+    for row in rows:
+        name = str(row["COLUMN_NAME"])
+        st = from_information_schema(row, f"table {table} column {name!r}")
+        columns.append(Column(name, st.spark_type, row["IS_NULLABLE"] == "YES", st.name))
+    if not key:
+        raise no_primary_key(table)
+    return TableSchema(table, tuple(columns), key)
+
+
+_TOKEN = re.compile(
+    r"""(?P<ws>\s+)
+      | (?P<comment>/\*.*?\*/|--[^\n]*|\#[^\n]*)
+      | (?P<bq>`(?:[^`]|``)*`)
+      | (?P<str>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
+      | (?P<punct>[().,;=])
+      | (?P<word>[^\s`'"().,;=]+)
+    """,
+    re.X | re.S,
+)
+_MODIFIERS = frozenset({
+    "OR", "REPLACE", "TEMPORARY", "ONLINE", "OFFLINE", "IGNORE", "UNIQUE", "FULLTEXT",
+    "SPATIAL",
+})
+
+
+def _tokens(sql: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(sql):
+        m = _TOKEN.match(sql, pos)
+        if m is None:
+            break
+        pos = m.end()
+        kind = m.lastgroup or ""
+        if kind in ("ws", "comment"):
+            continue
+        text = m.group()
+        if kind == "bq":
+            out.append(("ident", text[1:-1].replace("``", "`")))
+        else:
+            out.append((kind, text))
+    return out
+
+
+class _Parser:
+    def __init__(self, sql: str, default_db: str) -> None:
+        self.toks = _tokens(sql)
+        self.i = 0
+        self.default_db = default_db
+
+    def up(self, offset: int = 0) -> str:
+        j = self.i + offset
+        if j < len(self.toks) and self.toks[j][0] == "word":
+            return self.toks[j][1].upper()
+        return ""
+
+    def is_punct(self, text: str) -> bool:
+        return self.i < len(self.toks) and self.toks[self.i] == ("punct", text)
+
+    def skip_if_exists(self) -> None:
+        if self.up() == "IF":
+            self.i += 1
+            if self.up() == "NOT":
+                self.i += 1
+            if self.up() == "EXISTS":
+                self.i += 1
+
+    def ident(self) -> str | None:
+        if self.i < len(self.toks) and self.toks[self.i][0] in ("ident", "word"):
+            self.i += 1
+            return self.toks[self.i - 1][1]
+        return None
+
+    def name(self) -> TableId | None:
+        first = self.ident()
+        if first is None:
+            return None
+        if self.is_punct("."):
+            self.i += 1
+            second = self.ident()
+            if second is None:
+                return None
+            return TableId(first, second)
+        return TableId(self.default_db, first)
+
+    def names(self, separator_word: str | None = None) -> list[TableId]:
+        out: list[TableId] = []
+        while True:
+            name = self.name()
+            if name is None:
+                break
+            out.append(name)
+            if separator_word and self.up() == separator_word:
+                self.i += 1
+                continue
+            if self.is_punct(","):
+                self.i += 1
+                continue
+            break
+        return out
+
+
+def ddl_targets(sql: str, default_db: str) -> tuple[list[TableId], list[str]]:
+    """Tables (and dropped databases) a DDL statement changes; ([], []) for anything else.
+
+    Understands CREATE/ALTER/DROP/TRUNCATE/RENAME TABLE, ALTER TABLE ... RENAME TO,
+    CREATE/DROP INDEX ... ON and DROP DATABASE/SCHEMA, with backtick-quoted names.
+    """
+    p = _Parser(sql, default_db)
+    verb = p.up()
+    if verb not in ("ALTER", "CREATE", "DROP", "TRUNCATE", "RENAME"):
+        return [], []
+    p.i = 1
+    while p.up() in _MODIFIERS:
+        p.i += 1
+    kw = p.up()
+    if kw in ("DATABASE", "SCHEMA") and verb == "DROP":
+        p.i += 1
+        p.skip_if_exists()
+        db = p.ident()
+        return [], [db] if db is not None else []
+    if kw == "INDEX" and verb in ("CREATE", "DROP"):
+        while p.i < len(p.toks) and p.up() != "ON":
+            p.i += 1
+        p.i += 1
+        name = p.name()
+        return ([name] if name else []), []
+    if kw in ("TABLE", "TABLES"):
+        p.i += 1
+    elif verb != "TRUNCATE":
+        return [], []
+    p.skip_if_exists()
+    if verb == "DROP":
+        return p.names(), []
+    if verb == "RENAME":
+        return p.names(separator_word="TO"), []
+    first = p.name()
+    if first is None:
+        return [], []
+    tables = [first]
+    if verb == "ALTER":
+        depth = 0
+        while p.i < len(p.toks):
+            tok = p.toks[p.i]
+            depth += (tok == ("punct", "(")) - (tok == ("punct", ")"))
+            if depth == 0 and p.up() == "RENAME" and p.up(1) not in (
+                "COLUMN", "INDEX", "KEY", "CONSTRAINT"
+            ):
+                p.i += 1
+                if p.up() in ("TO", "AS"):
+                    p.i += 1
+                renamed = p.name()
+                if renamed is not None:
+                    tables.append(renamed)
+                continue
+            p.i += 1
+    return tables, []

@@ -1,0 +1,146 @@
+"""Chunk selects: the SQL text, the canonical Spark schema, and reading one chunk via JDBC."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from pipeline.chunking import next_chunk_predicate
+from pipeline.errors import ConfigError
+from pipeline.events import Key
+from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
+from pipeline.sources.mysql.sqltext import literal, quote_ident, quote_table
+from pipeline.sources.mysql.types import TEMPORAL_TYPES, SourceType
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+_MARK = "\x00"  # parameter placeholder: cannot occur in a quoted identifier
+_DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+
+
+def _render(sql: str, params: list[Any]) -> str:
+    parts = sql.split(_MARK)
+    if len(parts) != len(params) + 1:
+        raise AssertionError("placeholder count mismatch")
+    out = [parts[0]]
+    for value, tail in zip(params, parts[1:], strict=True):
+        out.append(literal(value))
+        out.append(tail)
+    return "".join(out)
+
+
+def _keys_predicate(key_cols: tuple[str, ...], keys: list[Key]) -> str:
+    if not keys:
+        return "1 = 0"
+    quoted = [quote_ident(c) for c in key_cols]
+    for key in keys:
+        if len(key) != len(key_cols) or any(v is None for v in key):
+            raise ConfigError(f"key {key!r} does not match key columns {key_cols}")
+    if len(quoted) == 1:
+        return f"{quoted[0]} IN ({', '.join(literal(k[0]) for k in keys)})"
+    terms = (
+        "(" + " AND ".join(f"{c} = {literal(v)}" for c, v in zip(quoted, k, strict=True)) + ")"
+        for k in keys
+    )
+    return "(" + " OR ".join(terms) + ")"
+
+
+def source_type_of(column_source_type: str, spark_type: str) -> SourceType:
+    """Rebuild a :class:`SourceType` from a Column's ``source_type`` name."""
+    name = column_source_type.strip().lower()
+    unsigned = name.endswith(" unsigned")
+    base = name.removesuffix(" unsigned")
+    precision = scale = 0
+    match = re.fullmatch(r"([a-z]+)\((\d+)(?:,(\d+))?\)", base)
+    if match:
+        base, precision, scale = match[1], int(match[2]), int(match[3] or 0)
+    try:
+        st = SourceType(base, unsigned=unsigned, precision=precision, scale=scale)
+    except ValueError:
+        raise ConfigError(f"unknown MariaDB/MySQL column type {column_source_type!r}") from None
+    if st.spark_type != spark_type:
+        raise ConfigError(f"column type {column_source_type!r} is not {spark_type}")
+    return st
+
+
+def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
+    """SELECT for one chunk: all columns in table order, ``(after_key, upper_key]``, ``keys``,
+    ``where``, ordered by the primary key, ``LIMIT``; values rendered as safe literals."""
+    if not isinstance(spec.limit, int) or isinstance(spec.limit, bool) or spec.limit <= 0:
+        raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
+    if not schema.key:
+        raise ConfigError(f"table {schema.table} has no primary key")
+    projections = []
+    for col in schema.columns:
+        quoted = quote_ident(col.name)
+        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
+        projections.append(f"{expr} AS {quoted}")
+    conditions: list[str] = []
+    try:
+        bound_sql, params = next_chunk_predicate(
+            schema.key, spec.after_key, spec.upper_key, quote_ident=quote_ident,
+            placeholder=_MARK,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"chunk of {schema.table}: {exc}") from None
+    if params or spec.after_key is not None or spec.upper_key is not None:
+        conditions.append(_render(bound_sql, params))
+    if spec.keys is not None:
+        conditions.append(_keys_predicate(schema.key, [tuple(k) for k in spec.keys]))
+    if spec.where is not None and spec.where.strip():
+        # Newlines end a trailing "-- comment" in the operator's filter.
+        conditions.append(f"(\n{spec.where}\n)")
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    table = quote_table(schema.table)
+    # Qualified: a bare name in ORDER BY would mean the projected alias (e.g. CAST(b AS CHAR),
+    # whose collation orders differently from the column's).
+    order = ", ".join(f"{table}.{quote_ident(k)}" for k in schema.key)
+    return (
+        f"SELECT {', '.join(projections)} FROM {table}"  # noqa: S608 - quoted identifiers and validated literals only
+        f"{where} ORDER BY {order} LIMIT {int(spec.limit)}"
+    )
+
+
+def spark_data_type(spark_type: str) -> DataType:
+    """The pyspark DataType of a canonical type name."""
+    from pipeline.lake.types import spark_type as canonical
+
+    try:
+        return canonical(spark_type)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def spark_schema(schema: TableSchema) -> StructType:
+    """The canonical Spark schema of a table (columns in table order)."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([
+        StructField(c.name, spark_data_type(c.spark_type), c.nullable) for c in schema.columns
+    ])
+
+
+def read_chunk(
+    spark: SparkSession, dialect: SourceDialect, spec: ChunkSpec, schema: TableSchema
+) -> DataFrame:
+    """One chunk as a DataFrame with the canonical schema, rows in the database's key order
+    (one JDBC partition). Zero dates read as NULL, as the log decodes them."""
+    from pyspark.sql import functions as F
+
+    sql = dialect.chunk_sql(spec, schema)
+    df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
+    if len(df.columns) != len(schema.columns):
+        raise ConfigError(f"chunk select of {schema.table} returned {len(df.columns)} columns")
+    # Rename positionally: no Spark name parsing of hostile column names.
+    temp = [f"_c{i}" for i in range(len(df.columns))]
+    df = df.toDF(*temp)
+    selected = []
+    for name, col in zip(temp, schema.columns, strict=True):
+        data_type = spark_data_type(col.spark_type)
+        base = col.source_type.split("(")[0].strip().lower()
+        column = F.col(name)
+        cast = column.try_cast(data_type) if base in TEMPORAL_TYPES else column.cast(data_type)
+        selected.append(cast.alias(col.name))
+    return df.select(*selected)
