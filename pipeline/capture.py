@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError, DblogError
-from pipeline.events import Key, TableId, Window
+from pipeline.events import Key, TableId, Window, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
@@ -275,7 +275,7 @@ class Capturer:
         window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
         self.state.register_window(window, {
             "capture_id": capture_id, "range_id": range_id,
-            "after_key": list(after) if after is not None else None,
+            "after_key": key_to_json(after),
         })
         self.dialect.write_watermark(window.low)
         crash_point("capture.after_lw")
@@ -290,7 +290,7 @@ class Capturer:
             assert row is not None
             last = tuple(row[k] for k in schema.key)
         self.state.put(chunk_path(wid), {
-            "rows": rows, "last_key": list(last) if last is not None else None,
+            "rows": rows, "last_key": key_to_json(last),
             "final": rows < limit, "capture_id": capture_id, "range_id": range_id,
         }, None)
         self.dialect.write_watermark(window.high)

@@ -9,10 +9,13 @@ Positions compare as ``(lsn, seq)``.
 
 from __future__ import annotations
 
+import base64
+import datetime
 import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 Key = tuple[Any, ...]
@@ -163,3 +166,45 @@ class Window:
     def __post_init__(self) -> None:
         if self.low == self.high:
             raise ValueError("low and high watermark values must differ")
+
+
+def _value_to_json(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return {"$f": repr(value)}
+    if isinstance(value, Decimal):
+        return {"$dec": str(value)}
+    if isinstance(value, bytes | bytearray):
+        return {"$b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, datetime.datetime):
+        return {"$ts": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {"$date": value.isoformat()}
+    raise TypeError(f"cannot store a key value of type {type(value).__name__}")
+
+
+def _value_from_json(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    ((tag, text),) = value.items()
+    decoders: dict[str, Any] = {
+        "$f": float,
+        "$dec": Decimal,
+        "$b64": base64.b64decode,
+        "$ts": datetime.datetime.fromisoformat,
+        "$date": datetime.date.fromisoformat,
+    }
+    if tag not in decoders:
+        raise ValueError(f"unknown key value tag {tag!r}")
+    return decoders[tag](text)
+
+
+def key_to_json(key: Key | None) -> list[Any] | None:
+    """A primary key as JSON that keeps its types (DECIMAL, bytes, dates survive)."""
+    return None if key is None else [_value_to_json(v) for v in key]
+
+
+def key_from_json(data: Any) -> Key | None:
+    """The inverse of :func:`key_to_json`."""
+    return None if data is None else tuple(_value_from_json(v) for v in data)

@@ -79,6 +79,8 @@ class Workload:
     db: str
     seed: int
     threads: int = 2
+    pause_s: float = 0.01
+    """Each writer sleeps up to this long between transactions."""
     touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
     ops: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -115,7 +117,7 @@ class Workload:
                     if exc.args[0] not in (1213, 1205):  # deadlock / lock wait: retry
                         raise
                     conn.rollback()
-                time.sleep(rng.random() * 0.01)
+                time.sleep(rng.random() * self.pause_s)
         except BaseException as exc:
             self._errors.append(exc)
         finally:

@@ -51,7 +51,10 @@ def spark_conf(
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(warehouse),
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={dblog_home() / 'derby'}",
-        "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "4"),
+        # Micro-batches are small: a few tasks beat Spark's 200 shuffle partitions and Delta's
+        # 50 snapshot partitions by far (bench/bench_sink.py measures it).
+        "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "2"),
+        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

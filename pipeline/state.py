@@ -48,7 +48,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LockHeld, StateConflict, TransientError
-from pipeline.events import Key, Position, TableId, Window
+from pipeline.events import Key, Position, TableId, Window, key_from_json, key_to_json
 
 __all__ = [
     "ABSENT",
@@ -746,11 +746,11 @@ def _range_path(capture_id: str, range_id: str) -> str:
 
 
 def _key_json(key: Key | None) -> list[Any] | None:
-    return None if key is None else list(key)
+    return key_to_json(key)
 
 
 def _key_from(value: Any) -> Key | None:
-    return None if value is None else tuple(value)
+    return key_from_json(value)
 
 
 def _encode(value: Mapping[str, Any], path: str) -> bytes:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent
+from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
@@ -85,7 +85,7 @@ def chunk_path(window_id: str) -> str:
 
 
 def _key(value: Any) -> tuple[Any, ...] | None:
-    return None if value is None else tuple(value)
+    return key_from_json(value)
 
 
 @dataclass
@@ -427,6 +427,10 @@ class Tailer:
                 self._proc.discard(wid)
                 self._window_docs.pop(wid, None)
         report.seconds = time.monotonic() - began
+        log.info("batch %d: %d events, %d emitted / %d aborted windows, %d chunk rows, "
+                 "built in %.2fs, written in %.2fs", batch_no, pending.events,
+                 len(report.emitted_windows), len(report.aborted_windows), report.rows_emitted,
+                 began - pending.opened, report.seconds)
         summary.batches += 1
         summary.events += pending.events
         summary.rows_emitted += report.rows_emitted

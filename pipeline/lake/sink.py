@@ -319,7 +319,8 @@ class DeltaSink:
         if not parts:
             return 0, []
         changes = reduce(DataFrame.unionByName, parts)
-        changes = changes.persist()
+        if tb.emissions:
+            changes = changes.persist()
         try:
             emitted: dict[str, int] = {}
             if tb.emissions:
@@ -335,7 +336,8 @@ class DeltaSink:
                  .save(self.layout.changelog(table)))
                 self._merge_mirror(table, changes, columns, key)
         finally:
-            changes.unpersist()
+            if tb.emissions:
+                changes.unpersist()
         results = [
             EmissionResult(em.window.window_id, table, emitted.get(em.window.window_id, 0))
             for em in tb.emissions

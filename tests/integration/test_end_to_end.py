@@ -57,13 +57,13 @@ def test_concurrent_writes_capture_and_tail(
     initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
     config = load_config(write_config(
         tmp_path / "dblog.yaml", source=f"e2e-{seed}-{uuid.uuid4().hex[:6]}", ep=services,
-        db=db, lake=tmp_path / "lake", chunk_size=250,
+        db=db, lake=tmp_path / "lake", chunk_size=250, batch_seconds=1.0,
     ))
     with open_runtime(config, spark=spark) as rt:
         bg = BackgroundTailer(rt.tailer()).start()
         try:
             wait_started(rt, bg)
-            workload = Workload(services, db, seed).start()
+            workload = Workload(services, db, seed, pause_s=0.03).start()
             try:
                 capturer = rt.capturer()
                 capturer.health_check = bg.check

@@ -87,3 +87,30 @@ def test_watermark_and_window_values() -> None:
     assert hash(w) == hash(Window("w1", T, "lo", "hi", meta={"other": 2}))
     with pytest.raises(ValueError):
         Window("w2", T, "same", "same")
+
+
+def test_keys_keep_their_types_through_json() -> None:
+    import datetime
+    import json
+    from decimal import Decimal
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from pipeline.events import key_from_json, key_to_json
+
+    values = st.one_of(
+        st.integers(), st.text(), st.binary(), st.decimals(allow_nan=False, allow_infinity=False),
+        st.dates(), st.datetimes(), st.floats(allow_nan=False), st.none(), st.booleans(),
+    )
+
+    @given(st.lists(values, min_size=1, max_size=4).map(tuple))
+    def roundtrip(key: tuple[object, ...]) -> None:
+        back = key_from_json(json.loads(json.dumps(key_to_json(key))))
+        assert back == key
+        assert [type(v) for v in back] == [type(v) for v in key]
+
+    roundtrip()
+    assert key_from_json(None) is None
+    assert key_to_json((Decimal("18446744073709551615"), datetime.date(2024, 1, 2))) == [
+        {"$dec": "18446744073709551615"}, {"$date": "2024-01-02"}]
