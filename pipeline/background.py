@@ -1,7 +1,8 @@
 """Runs a tailer in a background thread while a capture runs in the foreground.
 
-``dblog capture`` works alone: if no other process holds the source's tailer lock, it tails
-in-process until its chunks are emitted; otherwise it relies on the running tailer.
+``dblog capture`` works alone: it tails in-process until its chunks are emitted. While another
+process holds the source's tailer lock it stands by and relies on that tailer, taking over as
+soon as the lock frees up (e.g. when a crashed tailer's ZooKeeper session expires).
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ class BackgroundTailer:
 
     def _main(self) -> None:
         try:
-            self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0)
-        except LockHeld:
-            self.external = True
+            while not self._stop.is_set():
+                try:
+                    self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0)
+                    self.external = False
+                    return
+                except LockHeld:
+                    self.external = True
+                    self._stop.wait(1.0)
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 

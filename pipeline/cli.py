@@ -53,6 +53,12 @@ def _tail(args: argparse.Namespace) -> int:
     config = _config(args)
     stop = _stop_on_signals()
     with open_runtime(config) as rt:
+        if args.from_head:
+            # After a purged log: start over at the head; a capture then restores full state.
+            rt.state.delete("batch-intent")
+            rt.state.delete("position")
+            print("tail: position reset to the head of the log; run `dblog capture` next")
+
         def report(b: Any) -> None:
             print(f"batch {b.batch}: {b.events} events, {len(b.emitted_windows)} chunks "
                   f"({b.rows_emitted} rows) emitted, lsn {b.position.lsn}", flush=True)
@@ -79,8 +85,6 @@ def _capture(args: argparse.Namespace) -> int:
         print(f"capture {capture_id}: {', '.join(tables)}", flush=True)
         with BackgroundTailer(rt.tailer()) as bg:
             capturer.health_check = bg.check
-            if bg.external:
-                print("using the running tailer", flush=True)
 
             def progress(r: Any) -> None:
                 print(f"  {r.table} range {r.range_id}: {r.chunks} chunks, "
@@ -167,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail = sub.add_parser("tail", help="tail the source log into Delta (the one ordered writer)")
     tail.add_argument("--until-caught-up", action="store_true",
                       help="stop once the log has no more events")
+    tail.add_argument("--from-head", action="store_true",
+                      help="forget the stored position and start at the head of the log "
+                           "(after the log was purged; then run a capture)")
     tail.set_defaults(func=_tail)
 
     cap = sub.add_parser("capture", help="full-state capture of tables (DBLog chunks)")

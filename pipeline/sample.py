@@ -162,7 +162,7 @@ class Workload:
                             (key,))
             return "accounts", (key,)
         region = rng.choice(REGIONS)
-        order_no = 10**12 + rng.randint(1, 3000)
+        order_no = 10**12 + rng.randint(1, 6000)
         op = rng.random()
         if op < 0.4:
             cur.execute(
@@ -188,7 +188,7 @@ def write_config(path: Path, *, source: str, ep: Endpoints, db: str, lake: Path,
         "tables": [f"{db}.{t}" for t in TABLES],
         "lake": str(lake),
         "zookeeper": {"hosts": ep.zk_hosts, "root": "dblog-test"},
-        "capture": {"chunk_size": chunk_size, "max_in_flight": 3},
+        "capture": {"chunk_size": chunk_size, "max_in_flight": 4},
         "tail": {"batch_max_seconds": batch_seconds, "poll_seconds": 0.2},
     }
     path.write_text(yaml.safe_dump(config))

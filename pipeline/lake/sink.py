@@ -34,7 +34,34 @@ WINDOW_COLUMN = "_dblog_window_id"
 TABLE_PROPERTIES = {
     "delta.enableChangeDataFeed": "true",
     "delta.appendOnly": "false",
+    "delta.enableTypeWidening": "true",
 }
+_INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+_PARQUET_UNSAFE = set(" ,;{}()\n\t=")
+
+
+def table_properties(column_names: Sequence[str]) -> dict[str, str]:
+    """Delta properties for a new table; column mapping where a name is not Parquet-safe
+    (spaces, commas, parentheses... are legal in MariaDB and PostgreSQL names)."""
+    props = dict(TABLE_PROPERTIES)
+    if any(_PARQUET_UNSAFE & set(name) for name in column_names):
+        props.update({
+            "delta.columnMapping.mode": "name",
+            "delta.minReaderVersion": "2",
+            "delta.minWriterVersion": "5",
+        })
+    return props
+
+
+def widens(old: T.DataType, new: T.DataType) -> bool:
+    """Whether Delta type widening can turn ``old`` into ``new`` (lossless)."""
+    names = [t.simpleString().upper() for t in (old, new)]
+    if names[0] in _INTEGERS and names[1] in _INTEGERS:
+        return _INTEGERS.index(names[1]) > _INTEGERS.index(names[0])
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale \
+            and (new.precision, new.scale) != (old.precision, old.scale)
+    return names in (["FLOAT", "DOUBLE"], ["DATE", "TIMESTAMP_NTZ"])
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -166,7 +193,7 @@ class DeltaSink:
         from delta.tables import DeltaTable
 
         table = schema.table
-        props = {**TABLE_PROPERTIES, "dblog.key": json.dumps(list(schema.key)),
+        props = {**table_properties(schema.names), "dblog.key": json.dumps(list(schema.key)),
                  "dblog.source": self.layout.source, "dblog.table": str(table)}
         for path, spark_schema in (
             (self.layout.changelog(table), changelog_schema(schema.columns)),
@@ -196,10 +223,25 @@ class DeltaSink:
         self._columns[table] = self._columns.get(table, []) + added
 
     def _widen(self, table: TableId, have: Column, new: Column) -> None:
-        raise SchemaEvolutionError(
-            f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}; "
-            "the lake keeps the old type: re-capture the table into a new lake path"
-        )
+        """Follow a source type change: widen the lake column, or keep a wider lake type."""
+        old_type, new_type = spark_type(have.spark_type), spark_type(new.spark_type)
+        if widens(new_type, old_type):
+            return  # the source narrowed: its values still fit the lake's wider type
+        if not widens(old_type, new_type):
+            raise SchemaEvolutionError(
+                f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}, "
+                "which Delta cannot widen; capture the table into a new lake path"
+            )
+        target = new_type.simpleString()
+        changelog = _quote(self.layout.changelog(table))
+        name = _quote(have.name)
+        for path, column in ((changelog, f"before.{name}"), (changelog, f"after.{name}"),
+                             (_quote(self.layout.mirror(table)), name)):
+            self.spark.sql(f"ALTER TABLE delta.{path} ALTER COLUMN {column} TYPE {target}")
+        self._columns[table] = [
+            Column(c.name, new.spark_type) if c.name == have.name else c
+            for c in self._columns[table]
+        ]
 
     def key_columns(self, table: TableId) -> tuple[str, ...]:
         self.known_columns(table)
@@ -209,9 +251,21 @@ class DeltaSink:
 
     def stage_chunk(self, df: DataFrame, window_id: str, table: TableId) -> None:
         """Append a selected chunk to the table's staging area under ``window_id``."""
-        (df.withColumn(WINDOW_COLUMN, F.lit(window_id))
-           .write.format("delta").mode("append").option("mergeSchema", "true")
-           .save(self.layout.staging(table)))
+        from delta.tables import DeltaTable
+
+        # The window id first: Delta keeps min/max statistics on the leading columns, so an
+        # emission reads only its own files.
+        staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
+                           *[F.col(_quote(c)) for c in df.columns])
+        path = self.layout.staging(table)
+        if not self._exists(path):
+            builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
+                staged.schema)
+            for key, value in table_properties(df.columns).items():
+                if key != "delta.enableChangeDataFeed":
+                    builder = builder.property(key, value)
+            builder.execute()
+        staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
     def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:
         """Forget staged rows of windows that were emitted or aborted."""

@@ -87,8 +87,11 @@ def check_table(spark: SparkSession, ep: Any, db: str, table: str, key: tuple[st
         assert last.get(k, (-1, -1)) < (lsn, seq), f"{table}: key {k} went back in position"
         last[k] = (lsn, seq)
     # An independent replay with pandas equals the source.
-    replayed = normalize_rows(replay_changelog(frame, key))
     expected = normalize_rows(source_rows(ep, db, table, key))
+    columns = next(iter(expected.values())).keys() if expected else ()
+    # The lake keeps columns the source dropped; compare the source's current ones.
+    replayed = {k: {c: v.get(c) for c in columns}
+                for k, v in normalize_rows(replay_changelog(frame, key)).items()}
     missing = expected.keys() - replayed.keys()
     extra = replayed.keys() - expected.keys()
     wrong = [k for k in expected.keys() & replayed.keys() if expected[k] != replayed[k]]

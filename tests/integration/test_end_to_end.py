@@ -53,11 +53,11 @@ def test_concurrent_writes_capture_and_tail(
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"e2e_{seed}"
-    create_schema(services, db, accounts=3000, orders=2000, seed=seed)
+    create_schema(services, db, accounts=2000, orders=1500, seed=seed)
     initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
     config = load_config(write_config(
         tmp_path / "dblog.yaml", source=f"e2e-{seed}-{uuid.uuid4().hex[:6]}", ep=services,
-        db=db, lake=tmp_path / "lake", chunk_size=250, batch_seconds=1.0,
+        db=db, lake=tmp_path / "lake", chunk_size=300, batch_seconds=1.0,
     ))
     with open_runtime(config, spark=spark) as rt:
         bg = BackgroundTailer(rt.tailer()).start()
@@ -84,4 +84,4 @@ def test_concurrent_writes_capture_and_tail(
                                 rt.layout.changelog(TableId(db, table)))
             untouched = check_untouched_captured_once(
                 frame, table, KEYS[table], initial[table], workload.touched)
-            assert untouched > 100
+            assert untouched > 20, "too few untouched rows for the check to mean anything"

@@ -202,7 +202,7 @@ class MySqlLogReader:
             if "purged" in text.lower() or "could not find first log file" in text.lower():
                 return LogPurgedError(
                     f"binlog position {where} is no longer on {self._settings.address} "
-                    f"({text}): run a capture to re-snapshot the tables"
+                    f"({text}): run `dblog tail --from-head`, then `dblog capture` to re-snapshot"
                 )
         if isinstance(exc, pymysql.MySQLError | OSError):
             return translate(exc, self._settings, f"reading the binlog at {where}")

@@ -223,12 +223,13 @@ class MySqlDialect:
                 reason = "is not on the server (was its log reset?)"
             raise LogPurgedError(
                 f"{where} {reason} (binlogs on {self.settings.address}: {span}): "
-                "run a capture to re-snapshot the tables"
+                "run `dblog tail --from-head`, then `dblog capture` to re-snapshot"
             )
         if pos > sizes[file]:
             raise LogPurgedError(
                 f"{where} is past the end of {file} ({sizes[file]} bytes): the server's log "
-                "does not match the stored position; run a capture to re-snapshot the tables"
+                "does not match the stored position; run `dblog tail --from-head`, then "
+                "`dblog capture` to re-snapshot"
             )
         for table in tables:
             if not isinstance(table, TableId):
