@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.chunking import KeyRange
-from pipeline.errors import ConfigError, DblogError
+from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
@@ -333,11 +333,25 @@ class Capturer:
                 self.dialect.write_watermark(ws.window.high)
                 self._wait(ws.window.window_id, RangeReport(capture_id, range_id, ws.window.table))
             else:
+                self._abandon(ws.window.window_id)
+        self._cleanup(capture_id, range_id, None)
+
+    def _abandon(self, window_id: str) -> None:
+        """Abort a window whose high watermark was never written (the tailer may be noting
+        its low watermark at the same moment: re-read and retry)."""
+        for _ in range(20):
+            found = self.state.get_window(window_id)
+            if found is None or found.value.status != "registered":
+                return
+            try:
                 self.state.set_window_status(
-                    ws.window.window_id, "aborted", "capture stopped before staging",
+                    window_id, "aborted", "capture stopped before its high watermark",
                     found.version,
                 )
-        self._cleanup(capture_id, range_id, None)
+                return
+            except StateConflict:
+                time.sleep(0.05)
+        raise DblogError(f"could not settle window {window_id}: it keeps changing")
 
     def _cleanup(self, capture_id: str, range_id: str, table: TableId | None) -> None:
         """Forget settled windows of this range: staged rows, chunk notes, window docs."""

@@ -706,8 +706,12 @@ class StateStore:
                 f"(expected version {w.expected_version}, found {current.version})"
             )
         extra = {**current.value.extra, **(w.extra or {})}
+        status, detail = w.status, w.detail
+        if status == "registered" and current.value.status != "registered":
+            # A progress note (e.g. the low watermark was seen) never reopens a settled window.
+            status, detail = current.value.status, current.value.detail
         new = replace(
-            current.value, status=w.status, detail=w.detail, extra=extra, updated_at_ms=_now_ms()
+            current.value, status=status, detail=detail, extra=extra, updated_at_ms=_now_ms()
         )
         return new, current.version
 

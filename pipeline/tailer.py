@@ -23,12 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.errors import StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
     ABSENT,
+    CommitResult,
     PositionState,
     RangeProgress,
     RangeUpdate,
@@ -137,6 +139,9 @@ class Tailer:
         self._proc = WindowProcessor()
         self._ranges: dict[tuple[str, str], Versioned[RangeProgress]] = {}
         self._window_docs: dict[str, WindowState] = {}
+        self._settled: set[str] = set()
+        """Windows this tailer emitted or aborted; a repeated high watermark (a restarted
+        capture writes it again) must never reopen them, even before ZooKeeper shows it."""
 
     # ---- public -----------------------------------------------------------------------
 
@@ -168,10 +173,12 @@ class Tailer:
 
     def _refresh_windows(self) -> None:
         """Make the processor's windows match ZooKeeper's registered ones."""
+        docs = self.state.list_windows()
+        self._settled &= {ws.value.window.window_id for ws in docs}
         registered = {
             ws.value.window.window_id: ws.value
-            for ws in self.state.list_windows()
-            if ws.value.status == "registered"
+            for ws in docs
+            if ws.value.status == "registered" and ws.value.window.window_id not in self._settled
         }
         for window in self._proc.open_windows:
             if window.window_id not in registered:
@@ -290,9 +297,7 @@ class Tailer:
                 elif isinstance(out, ChunkEmission):
                     self._accept_emission(out, pending)
                 elif isinstance(out, WindowAborted):
-                    pending.window_updates[out.window.window_id] = WindowUpdate(
-                        out.window.window_id, "aborted", detail=out.reason
-                    )
+                    self._abort(out.window.window_id, out.reason, pending)
         if not warm:
             for table, schema in tx.schemas.items():
                 if table in self._tracked:
@@ -312,6 +317,12 @@ class Tailer:
             self._ranges[key] = found
         return self._ranges[key]
 
+    def _abort(self, wid: str, reason: str, pending: _Pending) -> None:
+        if wid in self._settled:
+            return  # already emitted or aborted: a later verdict must not contradict it
+        self._settled.add(wid)
+        pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=reason)
+
     def _accept_emission(self, em: ChunkEmission, pending: _Pending) -> None:
         """Emit the chunk only if it continues its range exactly; else abort it."""
         wid = em.window.window_id
@@ -330,8 +341,9 @@ class Tailer:
             ):
                 reason = "out of order: the chunk before it was not emitted"
         if reason is not None:
-            pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=reason)
+            self._abort(wid, reason, pending)
             return
+        self._settled.add(wid)
         pending.table(em.window.table).emissions.append(em)
         pending.window_updates[wid] = WindowUpdate(wid, "emitted")
         # Advance the in-memory progress now so a later chunk of the same range in this
@@ -357,6 +369,17 @@ class Tailer:
         )
 
     # ---- commit -------------------------------------------------------------------------
+
+    def _commit(self, new_state: PositionState, expected: int, ranges: list[RangeUpdate],
+                windows: list[WindowUpdate]) -> CommitResult:
+        def still_ours() -> bool:
+            current = self.state.get_position()
+            return current is not None and current.version == expected
+
+        return _retry_conflicts(
+            lambda: self.state.commit_batch(new_state, expected, ranges=ranges, windows=windows),
+            still_ours,
+        )
 
     def _flush(
         self,
@@ -416,10 +439,8 @@ class Tailer:
             ranges.append(RangeUpdate(key[0], key[1], cur.value, cur.version))
         crash_point("tail.after_delta")
         new_state = PositionState(pending.end_position, dict(pending.end), batch_no)
-        result = self.state.commit_batch(
-            new_state, committed.version, ranges=ranges,
-            windows=list(pending.window_updates.values()),
-        )
+        result = self._commit(new_state, committed.version, ranges,
+                              list(pending.window_updates.values()))
         for key in touched:
             self._ranges[key] = Versioned(self._ranges[key].value, result.range_versions[key])
         for wid, update in pending.window_updates.items():
@@ -438,6 +459,20 @@ class Tailer:
         if self.on_batch is not None:
             self.on_batch(report)
         return Versioned(new_state, result.position_version)
+
+
+def _retry_conflicts(attempt: Callable[[], CommitResult], still_ours: Callable[[], bool]
+                     ) -> CommitResult:
+    """Retry a commit that lost a race on a window document (a capture settling one of its
+    windows); a moved position means another tailer: that is never retried."""
+    for tries in range(10):
+        try:
+            return attempt()
+        except StateConflict:
+            if tries == 9 or not still_ours():
+                raise
+            time.sleep(0.05 * (tries + 1))
+    raise AssertionError("unreachable")
 
 
 def _with_rows(progress: RangeProgress, rows: int, dropped: int) -> RangeProgress:

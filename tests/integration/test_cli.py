@@ -165,6 +165,18 @@ def test_verify_status_pause_resume(
         frame = check_table(spark, env, db, "t", ("id",), rt.layout.changelog(table))
         reads = frame[frame["op"] == "r"]
         assert len(reads) == 600 and reads["after"].map(lambda a: a["id"]).is_unique
+    # Repair captures: chosen keys, and a WHERE filter.
+    assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--keys", "5", "7", "123")[0] == 0
+    assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--where", "id > 590")[0] == 0
+    with open_runtime(config, spark=spark) as rt:
+        frame = check_table(spark, env, db, "t", ("id",), rt.layout.changelog(table))
+        reads = frame[frame["op"] == "r"]
+        counts = reads["after"].map(lambda a: a["id"]).value_counts()
+        twice = sorted(int(k) for k, n in counts.items() if n == 2)
+        assert twice == [5, 7, 123, *range(591, 601)] and counts.max() == 2
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{rt.layout.changelog(table)}`").collect()
+        metadata = [h["userMetadata"] for h in history if h["operation"] == "WRITE"]
+        assert metadata and all('"dblog.batch"' in m for m in metadata)
     conn.close()
 
 
