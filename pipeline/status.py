@@ -82,7 +82,10 @@ def collect_status(rt: Runtime) -> SourceStatus:
 
 def render_status(rt: Runtime, console: Console | None = None) -> SourceStatus:
     status = collect_status(rt)
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)  # pipes and logs: never wrap table names
     console.print(f"[bold]source[/bold] {status.source}  tailer: {status.tailer or 'not running'}")
     console.print(
         f"log position {status.position} (batch {status.batch}), head {status.head}, "

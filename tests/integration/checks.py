@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 import pymysql
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pipeline.sample import connect, q
 from pipeline.services import Endpoints
@@ -56,10 +57,20 @@ def normalize_rows(rows: dict[tuple[Any, ...], dict[str, Any]]) -> dict[Any, Any
 
 
 def changelog_frame(spark: SparkSession, path: str) -> pd.DataFrame:
-    """The changelog with each row's Delta commit version (commit order)."""
-    df = (spark.read.format("delta").option("readChangeFeed", "true")
-          .option("startingVersion", 0).load(path))
-    rows = [r.asDict(recursive=True) for r in df.collect()]
+    """The changelog with each row's Delta commit version (commit order), read through the
+    Change Data Feed. Delta refuses CDF reads across a column type change; there the commit
+    order is taken from ``_dblog_batch`` (one append per batch, batches commit in order)."""
+    try:
+        df = (spark.read.format("delta").option("readChangeFeed", "true")
+              .option("startingVersion", 0).load(path))
+        rows = [r.asDict(recursive=True) for r in df.collect()]
+    except Exception as exc:  # noqa: BLE001 - only the schema-change refusal is expected
+        if "INCOMPATIBLE_SCHEMA_CHANGE" not in str(exc):
+            raise
+        df = spark.read.format("delta").load(path)
+        df = df.withColumn("_change_type", F.lit("insert")).withColumn(
+            "_commit_version", F.col("_dblog_batch"))
+        rows = [r.asDict(recursive=True) for r in df.collect()]
     return pd.DataFrame(rows, columns=df.columns)
 
 
