@@ -23,7 +23,10 @@ from pipeline.spark import build_spark_session
 TABLE = TableId("bench", "accounts")
 SCHEMA = TableSchema(TABLE, (Column("id", "INT"), Column("name", "STRING"),
                              Column("balance", "DECIMAL(12,2)")), ("id",))
-BASELINE = {"spark.sql.shuffle.partitions": "200", "spark.databricks.delta.snapshotPartitions": "50"}
+BASELINE = {
+    "spark.sql.shuffle.partitions": "200",
+    "spark.databricks.delta.snapshotPartitions": "50",
+}
 
 
 def events(batch: int, count: int) -> list[ChangeEvent]:
