@@ -51,7 +51,9 @@ def test_mariadb_binlog_event_is_read_back(services: svc.Endpoints) -> None:
             "passwd": services.mariadb_password,
         },
         server_id=4242, log_file=log_file, log_pos=log_pos, resume_stream=True, blocking=False,
-        only_events=[WriteRowsEvent], is_mariadb=True,
+        # is_mariadb=True would ignore log_file/log_pos (mysql-replication 1.0) and read the
+        # whole binlog; the MySQL protocol path works against MariaDB.
+        only_events=[WriteRowsEvent], is_mariadb=False,
     )
     try:
         rows = [row["values"] for event in stream for row in event.rows]
