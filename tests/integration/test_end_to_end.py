@@ -53,7 +53,7 @@ def test_concurrent_writes_capture_and_tail(
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"e2e_{seed}"
-    create_schema(services, db, accounts=2000, orders=1500, seed=seed)
+    create_schema(services, db, accounts=1500, orders=1000, seed=seed)
     initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
     config = load_config(write_config(
         tmp_path / "dblog.yaml", source=f"e2e-{seed}-{uuid.uuid4().hex[:6]}", ep=services,
