@@ -26,6 +26,7 @@ from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
+from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import ABSENT, RangeProgress, StateStore
 from pipeline.tailer import chunk_path
@@ -80,10 +81,6 @@ class RangeReport:
 def range_id_for(table: TableId, index: int) -> str:
     digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:12]
     return f"{digest}-{index:05d}"
-
-
-def quote_spark(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class Capturer:
@@ -286,7 +283,7 @@ class Capturer:
         rows = chunk.count()
         last: Key | None = after
         if rows:
-            row = chunk.orderBy(*[F.col(quote_spark(k)).desc() for k in schema.key]).first()
+            row = chunk.orderBy(*[F.col(quote_ident(k)).desc() for k in schema.key]).first()
             assert row is not None
             last = tuple(row[k] for k in schema.key)
         self.state.put(chunk_path(wid), {

@@ -14,6 +14,7 @@ import pymysql
 import yaml
 
 from pipeline.services import Endpoints
+from pipeline.sources.mysql.sqltext import quote_ident
 
 SCHEMA = [
     # A simple integer key, with a hot subset.
@@ -37,9 +38,8 @@ TABLES = ("accounts", "orders")
 REGIONS = ("eu", "us", "ap")
 
 
-def q(name: str) -> str:
-    """Quote a MySQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
+q = quote_ident
+"""Quote a MySQL identifier (the MySQL source's own quoting)."""
 
 
 def connect(ep: Endpoints, db: str | None = None, autocommit: bool = True) -> Any:

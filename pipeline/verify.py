@@ -7,9 +7,9 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from pipeline.capture import quote_spark
 from pipeline.events import TableId
 from pipeline.lake.sink import META_COLUMNS, DeltaSink
+from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect
 
 FULL_TABLE = 10**15
@@ -50,13 +50,13 @@ def verify_table(dialect: SourceDialect, sink: DeltaSink, table: TableId,
     spark = sink.spark
     schema = dialect.table_schema(table)
     source = dialect.read_chunk(spark, ChunkSpec(table, FULL_TABLE), schema).localCheckpoint()
-    cols = [quote_spark(c) for c in schema.names]
-    keys = [quote_spark(k) for k in schema.key]
+    cols = [quote_ident(c) for c in schema.names]
+    keys = [quote_ident(k) for k in schema.key]
     if sink.known_columns(table):
         mirror = spark.read.format("delta").load(sink.layout.mirror(table))
         present = set(mirror.columns)
         mirror = mirror.select(*[
-            (F.col(quote_spark(c.name)) if c.name in present else F.lit(None))
+            (F.col(quote_ident(c.name)) if c.name in present else F.lit(None))
             .cast(source.schema[c.name].dataType).alias(c.name)
             for c in schema.columns
         ]).drop(*META_COLUMNS)

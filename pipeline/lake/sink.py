@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from pipeline.errors import DblogError
 from pipeline.events import ChangeEvent, Op, TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.types import spark_type, struct_of
+from pipeline.lake.types import column_of, quote_ident, spark_type, struct_of
 from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
 
@@ -128,10 +128,6 @@ def mirror_schema(columns: Sequence[Column]) -> T.StructType:
     return T.StructType(fields)
 
 
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _newer(s: str, t: str) -> str:
     return (
         f"({s}._dblog_lsn > {t}._dblog_lsn OR "
@@ -161,11 +157,10 @@ class DeltaSink:
         if table not in self._columns and self._exists(self.layout.mirror(table)):
             schema = self.spark.read.format("delta").load(self.layout.mirror(table)).schema
             self._columns[table] = [
-                Column(f.name, f.dataType.simpleString().upper())
-                for f in schema.fields if f.name not in META_COLUMNS
+                column_of(f) for f in schema.fields if f.name not in META_COLUMNS
             ]
             meta = json.loads(
-                self.spark.sql(f"DESCRIBE DETAIL delta.{_quote(self.layout.mirror(table))}")
+                self.spark.sql(f"DESCRIBE DETAIL delta.{quote_ident(self.layout.mirror(table))}")
                 .select("properties").first()["properties"].get("dblog.key", "[]")  # type: ignore[index]
             )
             self._keys[table] = tuple(meta)
@@ -211,12 +206,12 @@ class DeltaSink:
     def _add_columns(self, table: TableId, added: list[Column]) -> None:
         def ddl(prefix: str) -> str:
             return ", ".join(
-                f"{prefix}{_quote(c.name)} {spark_type(c.spark_type).simpleString()}"
+                f"{prefix}{quote_ident(c.name)} {spark_type(c.spark_type).simpleString()}"
                 for c in added
             )
 
-        changelog = _quote(self.layout.changelog(table))
-        mirror = _quote(self.layout.mirror(table))
+        changelog = quote_ident(self.layout.changelog(table))
+        mirror = quote_ident(self.layout.mirror(table))
         self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('before.')})")
         self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('after.')})")
         self.spark.sql(f"ALTER TABLE delta.{mirror} ADD COLUMNS ({ddl('')})")
@@ -233,10 +228,10 @@ class DeltaSink:
                 "which Delta cannot widen; capture the table into a new lake path"
             )
         target = new_type.simpleString()
-        changelog = _quote(self.layout.changelog(table))
-        name = _quote(have.name)
+        changelog = quote_ident(self.layout.changelog(table))
+        name = quote_ident(have.name)
         for path, column in ((changelog, f"before.{name}"), (changelog, f"after.{name}"),
-                             (_quote(self.layout.mirror(table)), name)):
+                             (quote_ident(self.layout.mirror(table)), name)):
             self.spark.sql(f"ALTER TABLE delta.{path} ALTER COLUMN {column} TYPE {target}")
         self._columns[table] = [
             Column(c.name, new.spark_type) if c.name == have.name else c
@@ -256,7 +251,7 @@ class DeltaSink:
         # The window id first: Delta keeps min/max statistics on the leading columns, so an
         # emission reads only its own files.
         staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
-                           *[F.col(_quote(c)) for c in df.columns])
+                           *[F.col(quote_ident(c)) for c in df.columns])
         path = self.layout.staging(table)
         if not self._exists(path):
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
@@ -330,10 +325,10 @@ class DeltaSink:
         present = set(staged.columns)
 
         def value(c: Column) -> SparkColumn:
-            expr = F.col(_quote(c.name)) if c.name in present else F.lit(None)
+            expr = F.col(quote_ident(c.name)) if c.name in present else F.lit(None)
             return expr.cast(spark_type(c.spark_type)).alias(c.name)
 
-        order = Window.orderBy(*[F.col(_quote(k)) for k in key])
+        order = Window.orderBy(*[F.col(quote_ident(k)) for k in key])
         commit_ts = _ts(em.commit_ts_ms)
         return staged.select(
             F.lit(Op.READ.value).alias("op"),
@@ -405,9 +400,7 @@ class DeltaSink:
         staged = self.spark.read.format("delta").load(self.layout.staging(table)).schema
         known = {c.name for c in self.known_columns(table)}
         added = [
-            Column(f.name, f.dataType.simpleString().upper())
-            for f in staged.fields
-            if f.name != WINDOW_COLUMN and f.name not in known
+            column_of(f) for f in staged.fields if f.name != WINDOW_COLUMN and f.name not in known
         ]
         if added:
             self._add_columns(table, added)
@@ -429,14 +422,14 @@ class DeltaSink:
             F.col("_dblog_lsn"),
             F.col("_dblog_seq"),
         )
-        latest = Window.partitionBy(*[F.col(_quote(k)) for k in key]).orderBy(
+        latest = Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
             F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc()
         )
         last = (flat.withColumn("_rn", F.row_number().over(latest))
                 .where(F.col("_rn") == 1).drop("_rn"))
-        on = " AND ".join(f"t.{_quote(k)} <=> s.{_quote(k)}" for k in key)
+        on = " AND ".join(f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
         values: dict[str, str | SparkColumn] = {
-            _quote(c.name): f"s.{_quote(c.name)}" for c in columns
+            quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
         }
         values.update({m: f"s.{m}" for m in META_COLUMNS})
         (DeltaTable.forPath(self.spark, self.layout.mirror(table)).alias("t")

@@ -37,6 +37,16 @@ def spark_type(name: str) -> T.DataType:
     raise ValueError(f"unknown canonical column type {name!r}")
 
 
+def quote_ident(name: str) -> str:
+    """A Spark SQL identifier in backticks (embedded backticks doubled)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def column_of(field: T.StructField) -> Column:
+    """A Spark field back as a canonical column (the inverse of :func:`struct_of`)."""
+    return Column(field.name, field.dataType.simpleString().upper())
+
+
 def struct_of(columns: Iterable[Column]) -> T.StructType:
     """A struct with one nullable field per column (nullable: sources evolve)."""
     return T.StructType([T.StructField(c.name, spark_type(c.spark_type), True) for c in columns])
