@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.errors import StateConflict
@@ -29,7 +29,6 @@ from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
-    ABSENT,
     CommitResult,
     PositionState,
     RangeProgress,
@@ -84,10 +83,6 @@ class TailSummary:
 
 def chunk_path(window_id: str) -> str:
     return f"{CHUNKS}/{window_id}"
-
-
-def _key(value: Any) -> tuple[Any, ...] | None:
-    return key_from_json(value)
 
 
 @dataclass
@@ -180,12 +175,12 @@ class Tailer:
             for ws in docs
             if ws.value.status == "registered" and ws.value.window.window_id not in self._settled
         }
-        for window in self._proc.open_windows:
-            if window.window_id not in registered:
-                self._proc.discard(window.window_id)
+        open_ids = {w.window_id for w in self._proc.open_windows}
+        for wid in open_ids - registered.keys():
+            self._proc.discard(wid)
         for wid, ws in registered.items():
             self._window_docs[wid] = ws
-            if wid not in {w.window_id for w in self._proc.open_windows}:
+            if wid not in open_ids:
                 try:
                     self._proc.register(ws.window)
                 except ValueError as exc:  # clashing watermark values: never emit it
@@ -336,7 +331,7 @@ class Tailer:
             progress = self._range(str(cid), str(rid)) if cid and rid else None
             if progress is None:
                 reason = "its capture range is gone"
-            elif progress.value.done or progress.value.last_emitted_key != _key(
+            elif progress.value.done or progress.value.last_emitted_key != key_from_json(
                 doc.extra.get("after_key")
             ):
                 reason = "out of order: the chunk before it was not emitted"
@@ -345,22 +340,17 @@ class Tailer:
             return
         self._settled.add(wid)
         pending.table(em.window.table).emissions.append(em)
-        pending.window_updates[wid] = WindowUpdate(wid, "emitted")
         # Advance the in-memory progress now so a later chunk of the same range in this
         # batch is judged against it; ZooKeeper gets it in the batch's commit.
         assert doc is not None and chunk is not None
         cid, rid = str(doc.extra["capture_id"]), str(doc.extra["range_id"])
         current = self._ranges[(cid, rid)]
         rows_selected = int(chunk.value["rows"])
-        last = _key(chunk.value.get("last_key"))
-        new = RangeProgress(
-            table=current.value.table,
-            lower=current.value.lower,
-            upper=current.value.upper,
+        last = key_from_json(chunk.value.get("last_key"))
+        new = replace(
+            current.value,
             last_emitted_key=last if last is not None else current.value.last_emitted_key,
             chunks_emitted=current.value.chunks_emitted + 1,
-            rows_emitted=current.value.rows_emitted,
-            rows_dropped=current.value.rows_dropped,
             done=bool(chunk.value.get("final")),
         )
         self._ranges[(cid, rid)] = Versioned(new, current.version)
@@ -423,9 +413,12 @@ class Tailer:
                 rows = emitted_rows.get(wid, 0)
                 selected = int((update.extra or {}).get("rows_selected", rows))
                 cur = self._ranges[key]
-                self._ranges[key] = Versioned(
-                    _with_rows(cur.value, rows, selected - rows), cur.version
+                progress = replace(
+                    cur.value,
+                    rows_emitted=cur.value.rows_emitted + rows,
+                    rows_dropped=cur.value.rows_dropped + selected - rows,
                 )
+                self._ranges[key] = Versioned(progress, cur.version)
                 touched.add(key)
                 pending.window_updates[wid] = WindowUpdate(
                     wid, "emitted", extra={**(update.extra or {}), "rows_emitted": rows}
@@ -475,17 +468,4 @@ def _retry_conflicts(attempt: Callable[[], CommitResult], still_ours: Callable[[
     raise AssertionError("unreachable")
 
 
-def _with_rows(progress: RangeProgress, rows: int, dropped: int) -> RangeProgress:
-    return RangeProgress(
-        table=progress.table,
-        lower=progress.lower,
-        upper=progress.upper,
-        last_emitted_key=progress.last_emitted_key,
-        chunks_emitted=progress.chunks_emitted,
-        rows_emitted=progress.rows_emitted + rows,
-        rows_dropped=progress.rows_dropped + dropped,
-        done=progress.done,
-    )
-
-
-__all__ = ["ABSENT", "BatchReport", "TailOptions", "TailSummary", "Tailer", "chunk_path"]
+__all__ = ["BatchReport", "TailOptions", "TailSummary", "Tailer", "chunk_path"]
