@@ -10,28 +10,25 @@ emitted chunk. The log tailer never waits for a capture.
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError, DblogError, StateConflict
-from pipeline.events import Key, TableId, Window, key_to_json
+from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
-from pipeline.state import ABSENT, RangeProgress, StateStore
+from pipeline.state import ABSENT, RangeProgress, StateStore, WindowState
 from pipeline.tailer import chunk_path
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,7 @@ class Capturer:
             self.dialect.table_schema(table)  # refuses unknown tables and tables without a PK
         capture_id = capture_id or uuid.uuid4().hex[:16]
         spec: dict[str, Any] = {
-            "keys": [list(k) for k in request.keys] if request.keys is not None else None,
+            "keys": [key_to_json(k) for k in request.keys] if request.keys is not None else None,
             "where": request.where,
         }
         self.state.create_capture(capture_id, request.tables, spec)
@@ -176,7 +173,7 @@ class Capturer:
         assert capture is not None
         keys = capture.value.spec.get("keys")
         where = capture.value.spec.get("where")
-        key_list = tuple(tuple(k) for k in keys) if keys is not None else None
+        key_list = tuple(cast(Key, key_from_json(k)) for k in keys) if keys is not None else None
         self._recover(capture_id, range_id)
         while True:
             progress = self._progress(capture_id, range_id)
@@ -252,7 +249,7 @@ class Capturer:
         for wid in inflight:
             if self._wait(wid, report) == "aborted":
                 outcome = "aborted"
-        self._cleanup(capture_id, range_id, table)
+        self._cleanup(capture_id, range_id)
         return outcome
 
     def _chunk(
@@ -318,10 +315,7 @@ class Capturer:
 
     def _recover(self, capture_id: str, range_id: str) -> None:
         """Settle windows a crashed run left open for this range."""
-        for found in self.state.list_windows():
-            ws = found.value
-            if (ws.extra.get("capture_id"), ws.extra.get("range_id")) != (capture_id, range_id):
-                continue
+        for ws in self._range_windows(capture_id, range_id):
             if ws.status != "registered":
                 continue
             if self.state.get(chunk_path(ws.window.window_id)) is not None:
@@ -331,7 +325,15 @@ class Capturer:
                 self._wait(ws.window.window_id, RangeReport(capture_id, range_id, ws.window.table))
             else:
                 self._abandon(ws.window.window_id)
-        self._cleanup(capture_id, range_id, None)
+        self._cleanup(capture_id, range_id)
+
+    def _range_windows(self, capture_id: str, range_id: str) -> list[WindowState]:
+        """The windows this range registered (any status)."""
+        return [
+            found.value for found in self.state.list_windows()
+            if (found.value.extra.get("capture_id"), found.value.extra.get("range_id"))
+            == (capture_id, range_id)
+        ]
 
     def _abandon(self, window_id: str) -> None:
         """Abort a window whose high watermark was never written (the tailer may be noting
@@ -350,13 +352,10 @@ class Capturer:
                 time.sleep(0.05)
         raise DblogError(f"could not settle window {window_id}: it keeps changing")
 
-    def _cleanup(self, capture_id: str, range_id: str, table: TableId | None) -> None:
+    def _cleanup(self, capture_id: str, range_id: str) -> None:
         """Forget settled windows of this range: staged rows, chunk notes, window docs."""
         settled: dict[TableId, list[str]] = {}
-        for found in self.state.list_windows():
-            ws = found.value
-            if (ws.extra.get("capture_id"), ws.extra.get("range_id")) != (capture_id, range_id):
-                continue
+        for ws in self._range_windows(capture_id, range_id):
             if ws.status == "registered":
                 continue
             settled.setdefault(ws.window.table, []).append(ws.window.window_id)
