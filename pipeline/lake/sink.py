@@ -184,22 +184,20 @@ class DeltaSink:
         if added:
             self._add_columns(table, added)
 
-    def _create(self, schema: TableSchema) -> None:
+    def _create_table(self, path: str, schema: T.StructType, props: Mapping[str, str]) -> None:
         from delta.tables import DeltaTable
 
+        builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
+        for key, value in props.items():
+            builder = builder.property(key, value)
+        builder.execute()
+
+    def _create(self, schema: TableSchema) -> None:
         table = schema.table
         props = {**table_properties(schema.names), "dblog.key": json.dumps(list(schema.key)),
                  "dblog.source": self.layout.source, "dblog.table": str(table)}
-        for path, spark_schema in (
-            (self.layout.changelog(table), changelog_schema(schema.columns)),
-            (self.layout.mirror(table), mirror_schema(schema.columns)),
-        ):
-            builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
-                spark_schema
-            )
-            for key, value in props.items():
-                builder = builder.property(key, value)
-            builder.execute()
+        self._create_table(self.layout.changelog(table), changelog_schema(schema.columns), props)
+        self._create_table(self.layout.mirror(table), mirror_schema(schema.columns), props)
         self._columns[table] = list(schema.columns)
         self._keys[table] = schema.key
 
@@ -246,20 +244,15 @@ class DeltaSink:
 
     def stage_chunk(self, df: DataFrame, window_id: str, table: TableId) -> None:
         """Append a selected chunk to the table's staging area under ``window_id``."""
-        from delta.tables import DeltaTable
-
         # The window id first: Delta keeps min/max statistics on the leading columns, so an
         # emission reads only its own files.
         staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
                            *[F.col(quote_ident(c)) for c in df.columns])
         path = self.layout.staging(table)
         if not self._exists(path):
-            builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(
-                staged.schema)
-            for key, value in table_properties(df.columns).items():
-                if key != "delta.enableChangeDataFeed":
-                    builder = builder.property(key, value)
-            builder.execute()
+            props = table_properties(df.columns)
+            del props["delta.enableChangeDataFeed"]
+            self._create_table(path, staged.schema, props)
         staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
     def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:
