@@ -7,7 +7,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,7 +68,6 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
-    from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
     from pipeline.runtime import open_runtime
 
@@ -83,14 +81,23 @@ def _capture(args: argparse.Namespace) -> int:
         capturer = rt.capturer()
         capture_id = capturer.plan(request)
         print(f"capture {capture_id}: {', '.join(tables)}", flush=True)
-        with BackgroundTailer(rt.tailer()) as bg:
-            capturer.health_check = bg.check
+        return _run_captures(rt, [capture_id], stop)
 
-            def progress(r: Any) -> None:
-                print(f"  {r.table} range {r.range_id}: {r.chunks} chunks, "
-                      f"{r.rows_selected} rows selected, {r.status}", flush=True)
 
-            reports = capturer.run(capture_id, stop=stop, on_progress=progress)
+def _run_captures(rt: Any, capture_ids: Sequence[str], stop: threading.Event) -> int:
+    """Run captures to the end with an in-process (standby) tailer; 0 if all are done."""
+    from pipeline.background import BackgroundTailer
+
+    def progress(r: Any) -> None:
+        print(f"  {r.table} range {r.range_id}: {r.chunks} chunks, "
+              f"{r.rows_selected} rows selected, {r.status}", flush=True)
+
+    reports = []
+    with BackgroundTailer(rt.tailer()) as bg:
+        capturer = rt.capturer()
+        capturer.health_check = bg.check
+        for capture_id in capture_ids:
+            reports += capturer.run(capture_id, stop=stop, on_progress=progress)
     for r in reports:
         print(f"{r.table} [{r.range_id}] {r.status}: {r.rows_emitted} rows emitted, "
               f"{r.rows_dropped} dropped by windows, {r.chunks} chunks, {r.seconds:.1f}s")
@@ -117,19 +124,7 @@ def _set_status(args: argparse.Namespace) -> int:
         if not runnable:
             print(f"no unfinished capture of {table}")
             return 1
-        from pipeline.background import BackgroundTailer
-
-        stop = _stop_on_signals()
-        statuses = []
-        with BackgroundTailer(rt.tailer()) as bg:
-            capturer = rt.capturer()
-            capturer.health_check = bg.check
-            for capture_id in runnable:
-                for r in capturer.run(capture_id, stop=stop):
-                    statuses.append(r.status)
-                    print(f"{r.table} [{r.range_id}] {r.status}: {r.rows_emitted} rows emitted, "
-                          f"{r.rows_dropped} dropped by windows")
-    return 0 if all(s == "done" for s in statuses) else 3
+        return _run_captures(rt, runnable, _stop_on_signals())
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -218,5 +213,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    started = time.monotonic()
     sys.exit(main())
