@@ -44,9 +44,7 @@ def main() -> int:
             tailed["batches"] += 1
 
         with BackgroundTailer(rt.tailer(on_batch=on_batch)) as bg:
-            while rt.state.get_position() is None:
-                bg.check()
-                time.sleep(0.1)
+            rt.wait_started(bg.check)
             workload = Workload(ep, DATABASE, seed=7).start()
             print("demo: writers running; capturing all tables while tailing", flush=True)
             capture_began = time.monotonic()
@@ -59,13 +57,7 @@ def main() -> int:
             capture_s = time.monotonic() - capture_began
             time.sleep(2)
             workload.stop()
-            head = rt.dialect.to_position(rt.dialect.head_position())
-            while True:
-                bg.check()
-                pos = rt.state.get_position()
-                if pos and rt.dialect.to_position(pos.value.source_position) >= head:
-                    break
-                time.sleep(0.2)
+            rt.wait_caught_up(bg.check, timeout=1800)
         captured = sum(r.rows_emitted for r in reports)
         dropped = sum(r.rows_dropped for r in reports)
         print(f"demo: captured {captured} rows ({dropped} dropped by watermark windows) "

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.capture import CaptureOptions, Capturer
 from pipeline.config import PipelineConfig
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DblogError
 from pipeline.lake.layout import LakeLayout
 from pipeline.state import StateStore
 from pipeline.tailer import Tailer, TailOptions
@@ -90,6 +91,32 @@ class Runtime:
         )
         return Capturer(dialect=self.dialect, state=self.state, sink=self.sink,
                         spark=self.spark, options=options)
+
+    def wait_started(self, check: Callable[[], None], timeout: float = 120) -> None:
+        """Wait until a tailer stored its first position; ``check`` raises if it died."""
+        self._wait_until(lambda: self.state.get_position() is not None, check, timeout,
+                         "the tailer did not start")
+
+    def wait_caught_up(self, check: Callable[[], None], timeout: float = 240) -> None:
+        """Wait until the committed position reaches the source's head as of now."""
+        head = self.dialect.to_position(self.dialect.head_position())
+
+        def caught_up() -> bool:
+            pos = self.state.get_position()
+            return pos is not None and self.dialect.to_position(
+                pos.value.source_position) >= head
+
+        self._wait_until(caught_up, check, timeout, "the tailer did not catch up with the log")
+
+    @staticmethod
+    def _wait_until(done: Callable[[], bool], check: Callable[[], None], timeout: float,
+                    failure: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            check()
+            if time.monotonic() >= deadline:
+                raise DblogError(f"{failure} within {timeout:.0f}s")
+            time.sleep(0.1)
 
     def close(self) -> None:
         self.state.close()

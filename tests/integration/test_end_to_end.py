@@ -15,7 +15,7 @@ from pipeline.background import BackgroundTailer
 from pipeline.capture import CaptureRequest
 from pipeline.config import load_config
 from pipeline.events import TableId
-from pipeline.runtime import Runtime, open_runtime
+from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES, Workload, create_schema, write_config
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
@@ -24,28 +24,6 @@ from tests.integration.checks import check_table, check_untouched_captured_once,
 pytestmark = pytest.mark.integration
 
 KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
-
-
-def wait_caught_up(rt: Runtime, bg: BackgroundTailer | None = None, timeout: float = 240) -> None:
-    """Wait until the committed log position reaches the source's head."""
-    head = rt.dialect.to_position(rt.dialect.head_position())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if bg is not None:
-            bg.check()
-        pos = rt.state.get_position()
-        if pos is not None and rt.dialect.to_position(pos.value.source_position) >= head:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the tailer did not catch up with the log")
-
-
-def wait_started(rt: Runtime, bg: BackgroundTailer, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while rt.state.get_position() is None:
-        bg.check()
-        assert time.monotonic() < deadline, "the tailer did not start"
-        time.sleep(0.1)
 
 
 def test_concurrent_writes_capture_and_tail(
@@ -62,7 +40,7 @@ def test_concurrent_writes_capture_and_tail(
     with open_runtime(config, spark=spark) as rt:
         bg = BackgroundTailer(rt.tailer()).start()
         try:
-            wait_started(rt, bg)
+            rt.wait_started(bg.check)
             workload = Workload(services, db, seed, pause_s=0.03).start()
             try:
                 capturer = rt.capturer()
@@ -74,7 +52,7 @@ def test_concurrent_writes_capture_and_tail(
                 workload.stop()
             assert [r.status for r in reports] == ["done", "done"], reports
             assert workload.ops > 50, "the writers barely ran"
-            wait_caught_up(rt, bg)
+            rt.wait_caught_up(bg.check)
         finally:
             bg.stop()
         for table in TABLES:
