@@ -179,17 +179,26 @@ class Workload:
         return "orders", (region, order_no)
 
 
-def write_config(path: Path, *, source: str, ep: Endpoints, db: str, lake: Path,
-                 chunk_size: int = 250, batch_seconds: float = 0.5) -> Path:
-    config = {
+def config_dict(*, source: str, ep: Endpoints, tables: list[str], lake: Path,
+                server_id: int | None = None, chunk_size: int = 250, max_in_flight: int = 4,
+                batch_seconds: float = 0.5, poll_seconds: float = 0.2) -> dict[str, Any]:
+    """A pipeline configuration (as parsed YAML) for the local services."""
+    return {
         "source": {"name": source, "kind": "mariadb", "host": ep.host, "port": ep.mariadb_port,
                    "user": ep.user, "password_env": "DBLOG_MARIADB_PASSWORD",
-                   "server_id": 7000 + abs(hash(source)) % 1000},
-        "tables": [f"{db}.{t}" for t in TABLES],
+                   "server_id": server_id or 7000 + abs(hash(source)) % 1000},
+        "tables": tables,
         "lake": str(lake),
         "zookeeper": {"hosts": ep.zk_hosts, "root": "dblog-test"},
-        "capture": {"chunk_size": chunk_size, "max_in_flight": 4},
-        "tail": {"batch_max_seconds": batch_seconds, "poll_seconds": 0.2},
+        "capture": {"chunk_size": chunk_size, "max_in_flight": max_in_flight},
+        "tail": {"batch_max_seconds": batch_seconds, "poll_seconds": poll_seconds},
     }
+
+
+def write_config(path: Path, *, source: str, ep: Endpoints, db: str, lake: Path,
+                 chunk_size: int = 250, batch_seconds: float = 0.5) -> Path:
+    """Write the sample schema's configuration to ``path``."""
+    config = config_dict(source=source, ep=ep, tables=[f"{db}.{t}" for t in TABLES], lake=lake,
+                         chunk_size=chunk_size, batch_seconds=batch_seconds)
     path.write_text(yaml.safe_dump(config))
     return path

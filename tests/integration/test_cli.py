@@ -17,7 +17,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import connect, q
+from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from tests.integration.checks import check_table
 
@@ -36,14 +36,11 @@ def make_db(ep: Endpoints, ddl: list[str], prefix: str = "cli") -> str:
 
 
 def write_cfg(path: Path, ep: Endpoints, tables: list[str], **overrides: Any) -> Path:
-    source = {"name": f"cli-{uuid.uuid4().hex[:8]}", "kind": "mariadb", "host": ep.host,
-              "port": ep.mariadb_port, "user": ep.user, "password_env": "DBLOG_MARIADB_PASSWORD",
-              "server_id": 7400}
-    source.update(overrides.pop("source", {}))
-    config = {"source": source, "tables": tables, "lake": str(path.parent / "lake"),
-              "zookeeper": {"hosts": ep.zk_hosts, "root": "dblog-test"},
-              "capture": {"chunk_size": 50, "max_in_flight": 2},
-              "tail": {"batch_max_seconds": 0.5, "poll_seconds": 0.2}, **overrides}
+    config = config_dict(source=f"cli-{uuid.uuid4().hex[:8]}", ep=ep, tables=tables,
+                         lake=path.parent / "lake", server_id=7400, chunk_size=50,
+                         max_in_flight=2)
+    config["source"].update(overrides.pop("source", {}))
+    config.update(overrides)
     path.write_text(yaml.safe_dump(config, allow_unicode=True))
     return path
 

@@ -14,7 +14,7 @@ from pipeline.capture import CaptureRequest
 from pipeline.config import parse_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import connect, q
+from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
@@ -31,14 +31,10 @@ def test_ddl_while_the_tailer_is_behind(
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {q(db)}")
         cur.execute(f"CREATE TABLE {q(db)}.items (id INT PRIMARY KEY, a INT, b VARCHAR(20))")
-    config = parse_config({
-        "source": {"name": f"ddl-{uuid.uuid4().hex[:8]}", "kind": "mariadb",
-                   "host": services.host, "port": services.mariadb_port, "user": services.user,
-                   "password_env": "DBLOG_MARIADB_PASSWORD", "server_id": 7301},
-        "tables": [f"{db}.items"], "lake": str(tmp_path / "lake"),
-        "zookeeper": {"hosts": services.zk_hosts, "root": "dblog-test"},
-        "capture": {"chunk_size": 100}, "tail": {"batch_max_seconds": 0.5, "poll_seconds": 0.2},
-    })
+    config = parse_config(config_dict(
+        source=f"ddl-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.items"],
+        lake=tmp_path / "lake", server_id=7301, chunk_size=100,
+    ))
     table = TableId(db, "items")
     with open_runtime(config, spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)  # the position starts here, before any row

@@ -12,7 +12,7 @@ from pipeline.capture import CaptureRequest
 from pipeline.config import parse_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import connect, q
+from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from tests.integration.checks import changelog_frame
 
@@ -33,14 +33,11 @@ def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
         cur.executemany(f"INSERT INTO {q(db)}.t VALUES (%s, %s)",  # noqa: S608
                         [(i, i) for i in range(1, 41)])
     conn.close()
-    config = parse_config({
-        "source": {"name": f"hw-{uuid.uuid4().hex[:8]}", "kind": "mariadb",
-                   "host": services.host, "port": services.mariadb_port, "user": services.user,
-                   "password_env": "DBLOG_MARIADB_PASSWORD", "server_id": 7501},
-        "tables": [f"{db}.t"], "lake": str(tmp_path / "lake"),
-        "zookeeper": {"hosts": services.zk_hosts, "root": "dblog-test"},
-        "capture": {"chunk_size": 25},
-    })
+    config = parse_config(config_dict(
+        source=f"hw-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+        lake=tmp_path / "lake", server_id=7501, chunk_size=25, batch_seconds=2.0,
+        poll_seconds=0.5,
+    ))
     table = TableId(db, "t")
     with open_runtime(config, spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)
