@@ -24,6 +24,41 @@ _FIXES = {
 }
 
 
+FORBIDDEN_VARIABLES: dict[str, str] = {
+    "binlog_transaction_compression": "ON",
+    "log_bin_compress": "ON",
+    "binlog_order_commits": "OFF",
+}
+"""Settings under which changes silently go missing (a server without the variable is fine).
+
+The binlog reader cannot decode compressed events (MySQL's Transaction_payload, MariaDB's
+compressed query and row events): they arrive as unknown events and would be skipped. With
+``binlog_order_commits=OFF`` (MySQL) transactions can become visible in another order than
+the binlog's, so a chunk select can miss a change the log places before its window.
+"""
+
+_FORBIDDEN_FIXES = {
+    "binlog_transaction_compression":
+        "compressed transaction payloads cannot be decoded by the binlog reader, so their "
+        "changes would be skipped; SET GLOBAL binlog_transaction_compression=OFF and set "
+        "binlog_transaction_compression=OFF under [mysqld] in the server's configuration "
+        "(binlogs written while it was ON cannot be read)",
+    "log_bin_compress":
+        "compressed binlog events cannot be decoded by the binlog reader, so their changes "
+        "would be skipped; SET GLOBAL log_bin_compress=OFF and set log_bin_compress=OFF "
+        "under [mariadbd] in the server's configuration (binlogs written while it was ON "
+        "cannot be read)",
+    "binlog_order_commits":
+        "transactions can then become visible in another order than the binlog's, so a "
+        "chunk select can miss a change the log places before its window; SET GLOBAL "
+        "binlog_order_commits=ON and set binlog_order_commits=ON under [mysqld] in the "
+        "server's configuration",
+}
+
+VALIDATED_VARIABLES = tuple(REQUIRED_VARIABLES) + tuple(FORBIDDEN_VARIABLES)
+"""Every global variable :func:`check_server_variables` looks at."""
+
+
 def _normalize(value: object) -> str:
     text = str(value).strip().upper()
     return {"1": "ON", "0": "OFF"}.get(text, text)
@@ -44,6 +79,10 @@ def check_server_variables(variables: Mapping[str, object]) -> list[str]:
         actual = _normalize(lower[name])
         if actual != wanted:
             problems.append(f"{name} is {actual}, DBLog needs {wanted}: {_FIXES[name]}")
+    for name, refused in FORBIDDEN_VARIABLES.items():
+        if name in lower and _normalize(lower[name]) == refused:
+            problems.append(f"{name} is {refused}, DBLog cannot capture with it: "
+                            f"{_FORBIDDEN_FIXES[name]}")
     return problems
 
 

@@ -17,7 +17,11 @@ from pipeline.sources.mysql.binlog import (
     binlog_file_index,
     native_position,
 )
-from pipeline.sources.mysql.checks import check_privileges, check_server_variables
+from pipeline.sources.mysql.checks import (
+    VALIDATED_VARIABLES,
+    check_privileges,
+    check_server_variables,
+)
 from pipeline.sources.mysql.connection import UNREACHABLE_CODES, MySqlSettings, connect, translate
 from pipeline.sources.mysql.schema import load_table_schema
 from pipeline.sources.mysql.snapshot import build_chunk_sql
@@ -84,13 +88,15 @@ class MySqlDialect:
 
     def validate(self) -> None:
         """Refuse (SourceError naming the setting and the fix) unless the server can be
-        captured: binlog on, ROW/FULL/FULL, and REPLICATION SLAVE, BINLOG MONITOR, SELECT."""
+        captured: binlog on, ROW/FULL/FULL, no binlog compression, ordered commits, and
+        REPLICATION SLAVE, BINLOG MONITOR, SELECT."""
 
         def check(conn: Any) -> list[str]:
             with conn.cursor() as cur:
+                names = ", ".join(["%s"] * len(VALIDATED_VARIABLES))
                 cur.execute(
-                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format',"
-                    " 'binlog_row_image', 'binlog_row_metadata')"
+                    f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})",  # placeholders
+                    VALIDATED_VARIABLES,
                 )
                 variables = {str(k).lower(): v for k, v in cur.fetchall()}
                 problems = check_server_variables(variables)
