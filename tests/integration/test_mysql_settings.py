@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -12,10 +14,15 @@ import pymysql
 import pytest
 
 from pipeline.errors import SourceError
+from pipeline.events import ChangeEvent, TableId
+from pipeline.sources.base import ChunkSpec, Column, TableSchema, Transaction
 from pipeline.sources.mysql import MySqlDialect, MySqlSettings
-from pipeline.sources.mysql.sqltext import quote_ident
+from pipeline.sources.mysql.snapshot import spark_schema
+from pipeline.sources.mysql.sqltext import quote_ident, quote_table
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from pipeline.services import Endpoints
 
 pytestmark = pytest.mark.integration
@@ -89,3 +96,133 @@ def test_validate_refuses_compressed_binlog_events(dialect: MySqlDialect, sql: A
     assert "log_bin_compress is ON" in message
     assert "SET GLOBAL log_bin_compress=OFF" in message
     dialect.validate()
+
+
+# -- zero dates ------------------------------------------------------------------------------
+
+
+def execute(conn: Any, *statements: str) -> None:
+    with conn.cursor() as cur:
+        for stmt in statements:
+            cur.execute(stmt)
+
+
+def lax_inserts(conn: Any, *statements: str) -> None:
+    """Run inserts in a session whose sql_mode allows zero and invalid dates (any client
+    can do this, whatever the server's global sql_mode)."""
+    execute(conn, "SET SESSION sql_mode = ''", *statements, "SET SESSION sql_mode = DEFAULT")
+
+
+@pytest.mark.parametrize("key_type", ["DATE", "DATETIME(3)", "TIMESTAMP"])
+def test_table_schema_refuses_a_temporal_key_that_can_hold_zero_dates(
+    dialect: MySqlDialect, sql: Any, db: str, key_type: str
+) -> None:
+    global_mode = execute_scalar(sql, "SELECT @@GLOBAL.sql_mode")
+    if "NO_ZERO_DATE" in global_mode and "NO_ZERO_IN_DATE" in global_mode:
+        pytest.skip("this server's sql_mode refuses zero dates")
+    table = TableId(db, "by_day")
+    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT NOT NULL, d {key_type} NOT NULL,"
+                 " PRIMARY KEY (id, d))")
+    with pytest.raises(SourceError) as err:
+        dialect.table_schema(table)
+    message = str(err.value)
+    assert f"table {table} cannot be captured: primary key column 'd' is " in message
+    assert "NO_ZERO_DATE" in message and "'0000-00-00'" in message
+    # a temporal column outside the key is fine
+    other = TableId(db, "with_dates")
+    execute(sql, f"CREATE TABLE {quote_table(other)} (id INT PRIMARY KEY, d {key_type} NULL)")
+    assert dialect.table_schema(other).key == ("id",)
+
+
+def execute_scalar(conn: Any, statement: str) -> str:
+    with conn.cursor() as cur:
+        cur.execute(statement)
+        return str(cur.fetchone()[0])
+
+
+def read_all(dialect: MySqlDialect, start: Any, table: TableId, count: int
+             ) -> list[Transaction]:
+    reader = dialect.open_log(start, [table])
+    out: list[Transaction] = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(out) < count and time.monotonic() < deadline:
+            out += reader.read(max_transactions=count - len(out), max_wait_s=0.5)
+    finally:
+        reader.close()
+    return out
+
+
+def test_log_reader_stops_on_zero_date_keys_instead_of_merging_them(
+    dialect: MySqlDialect, sql: Any, db: str
+) -> None:
+    """'0000-00-00' and '2020-00-15' both decode as NULL: two rows, one lake key."""
+    table = TableId(db, "zero_keys")
+    execute(sql, f"CREATE TABLE {quote_table(table)} (d DATE NOT NULL PRIMARY KEY, v INT)")
+    start = dialect.head_position()
+    t = quote_table(table)
+    execute(sql, f"INSERT INTO {t} VALUES ('2020-01-15', 0)")
+    lax_inserts(sql, f"INSERT INTO {t} VALUES ('0000-00-00', 1)",
+                f"INSERT INTO {t} VALUES ('2020-00-15', 2)")
+    good = read_all(dialect, start, table, 1)
+    assert [i.key for i in good[0].items if isinstance(i, ChangeEvent)] == [
+        (dt.date(2020, 1, 15),)]
+    with pytest.raises(SourceError) as err:
+        read_all(dialect, good[0].resume, table, 2)
+    message = str(err.value)
+    assert f"{table}: a change at binlog file " in message
+    assert "has NULL in primary key column(s) 'd'" in message
+    assert "`dblog tail --from-head`" in message
+
+
+def test_chunk_read_fails_on_a_zero_date_key_instead_of_merging_it(
+    dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
+) -> None:
+    table = TableId(db, "zero_keys")
+    t = quote_table(table)
+    execute(sql, f"CREATE TABLE {t} (d DATETIME NOT NULL, n INT NOT NULL, v INT,"
+                 " PRIMARY KEY (d, n))",
+            f"INSERT INTO {t} VALUES ('2020-01-15 10:00:00', 1, 1), ('2021-01-01', 1, 2)")
+    # the table_schema refusal is what stops this table first; build the schema by hand
+    schema = TableSchema(table, (
+        Column("d", "TIMESTAMP_NTZ", False, "datetime(0)"), Column("n", "INT", False, "int"),
+        Column("v", "INT", True, "int"),
+    ), ("d", "n"))
+    rows = dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
+    assert [tuple(r) for r in rows] == [
+        (dt.datetime(2020, 1, 15, 10), 1, 1), (dt.datetime(2021, 1, 1), 1, 2)]
+    lax_inserts(sql, f"INSERT INTO {t} VALUES ('0000-00-00 00:00:00', 1, 3)",
+                f"INSERT INTO {t} VALUES ('2020-00-15 00:00:00', 1, 4)")
+    with pytest.raises(Exception) as err:  # noqa: PT011 - Spark wraps the job's error
+        dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
+    assert "primary key column 'd' holds a value the lake cannot represent" in str(err.value)
+
+
+def test_unrepresentable_dates_outside_the_key_read_as_null_from_log_and_chunks(
+    dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
+) -> None:
+    """Zero, partial zero and year-0 dates: NULL from the log and from chunk selects alike."""
+    table = TableId(db, "zero_values")
+    t = quote_table(table)
+    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(3) NULL,"
+                 " ts TIMESTAMP NULL)")
+    start = dialect.head_position()
+    values = {
+        1: ("0000-00-00", "0000-00-00 00:00:00", "0000-00-00 00:00:00"),
+        2: ("2020-00-15", "2020-00-15 10:00:00", "2020-00-15 10:00:00"),
+        3: ("2020-05-00", "2020-05-00 10:00:00", "2020-05-00 10:00:00"),
+        4: ("0000-01-01", "0000-01-01 10:00:00", "0000-01-01 10:00:00"),
+        5: ("0001-01-01", "0001-01-01 00:00:00.5", "1970-01-01 00:00:01"),
+    }
+    lax_inserts(sql, *(f"INSERT INTO {t} VALUES ({i}, '{d}', '{d_t}', '{ts}')"
+                       for i, (d, d_t, ts) in values.items()))
+    schema = dialect.table_schema(table)
+    txns = read_all(dialect, start, table, len(values))
+    from_log = [tuple(i.after[c] for c in schema.names) for x in txns for i in x.items
+                if isinstance(i, ChangeEvent) and i.after is not None]
+    nulls = [(i, None, None, None) for i in (1, 2, 3, 4)]
+    valid = (5, dt.date(1, 1, 1), dt.datetime(1, 1, 1, 0, 0, 0, 500000),
+             dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC))
+    assert from_log == [*nulls, valid]
+    chunk = dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
+    assert chunk == spark.createDataFrame(from_log, spark_schema(schema)).collect()

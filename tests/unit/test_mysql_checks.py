@@ -4,9 +4,19 @@ database."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
-from pipeline.sources.mysql.checks import check_server_variables
+from pipeline.events import ChangeEvent, Op, Position, TableId
+from pipeline.sources.base import Column, TableSchema, Transaction
+from pipeline.sources.mysql.checks import (
+    check_server_variables,
+    check_temporal_key,
+    null_key_problem,
+    zero_date_loopholes,
+)
+from pipeline.sources.mysql.types import SourceType
 
 GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
         "binlog_row_metadata": "FULL"}
@@ -50,3 +60,75 @@ def test_every_problem_is_reported_at_once() -> None:
     names = [p.split(" ", 1)[0] for p in problems]
     assert names == ["binlog_format", "binlog_transaction_compression", "log_bin_compress",
                      "binlog_order_commits"]
+
+
+# -- zero dates in key columns ---------------------------------------------------------------
+
+SAFE_MODE = "STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION"
+MARIADB_DEFAULT = ("STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,"
+                   "NO_ENGINE_SUBSTITUTION")
+TABLE = TableId("shop", "days")
+
+
+@pytest.mark.parametrize(("sql_mode", "loopholes"), [
+    (SAFE_MODE, []),
+    ("strict_all_tables,no_zero_date,no_zero_in_date", []),
+    # what TRADITIONAL expands to in @@sql_mode
+    ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+     "ERROR_FOR_DIVISION_BY_ZERO,TRADITIONAL,NO_ENGINE_SUBSTITUTION", []),
+    (MARIADB_DEFAULT, ["no NO_ZERO_DATE", "no NO_ZERO_IN_DATE"]),
+    ("", ["no strict mode (STRICT_TRANS_TABLES)", "no NO_ZERO_DATE", "no NO_ZERO_IN_DATE"]),
+    ("NO_ZERO_DATE,NO_ZERO_IN_DATE", ["no strict mode (STRICT_TRANS_TABLES)"]),
+    (SAFE_MODE + ",ALLOW_INVALID_DATES", ["ALLOW_INVALID_DATES"]),
+])
+def test_zero_date_loopholes(sql_mode: str, loopholes: list[str]) -> None:
+    assert zero_date_loopholes(sql_mode) == loopholes
+
+
+@pytest.mark.parametrize("base", ["date", "datetime", "timestamp"])
+def test_temporal_key_is_refused_when_sql_mode_allows_zero_dates(base: str) -> None:
+    problems = check_temporal_key(TABLE, [("id", "int"), ("day", base)], MARIADB_DEFAULT)
+    assert len(problems) == 1
+    message = problems[0]
+    assert message.startswith(
+        f"table shop.days cannot be captured: primary key column 'day' is {base.upper()}")
+    assert "no NO_ZERO_DATE" in message and "'0000-00-00'" in message
+    assert "two source keys could become one" in message
+    assert "add STRICT_TRANS_TABLES, NO_ZERO_DATE and NO_ZERO_IN_DATE to sql_mode" in message
+
+
+def test_temporal_key_passes_under_a_strict_sql_mode_and_other_keys_always() -> None:
+    assert check_temporal_key(TABLE, [("day", "date"), ("at", "datetime")], SAFE_MODE) == []
+    assert check_temporal_key(TABLE, [("id", "int"), ("name", "varchar")], "") == []
+    assert check_temporal_key(TABLE, [("id", "year")], "") == []  # YEAR 0 is the int 0
+    assert len(check_temporal_key(TABLE, [("a", "date"), ("b", "timestamp")], "")) == 2
+
+
+def _txn(*keys: tuple[object, ...]) -> Transaction:
+    schema = TableSchema(
+        TABLE, (Column("id", "INT", False, "int"), Column("day", "DATE", False, "date")),
+        ("id", "day"),
+    )
+    items = tuple(
+        ChangeEvent(TABLE, Op.CREATE, key, Position.from_binlog(3, 1000 + i, 0),
+                    after={"id": key[0], "day": key[1]})
+        for i, key in enumerate(keys)
+    )
+    return Transaction(items, {"file": "mysql-bin.000003", "pos": 2000},
+                       Position.from_binlog(3, 2000), schemas={TABLE: schema})
+
+
+def test_null_key_value_in_the_log_is_a_problem() -> None:
+    assert null_key_problem(_txn((1, dt.date(2020, 1, 15)))) is None
+    problem = null_key_problem(_txn((1, dt.date(2020, 1, 15)), (2, None)))
+    assert problem is not None
+    assert problem.startswith("shop.days: a change at binlog file 3 offset 1001 has NULL in "
+                              "primary key column(s) 'day'")
+    assert "`dblog tail --from-head`" in problem
+
+
+@pytest.mark.parametrize("base", ["date", "datetime"])
+def test_year_zero_reads_as_null_in_chunk_selects(base: str) -> None:
+    projection = SourceType(base).projection("`d`")
+    assert projection.startswith("CASE WHEN YEAR(`d`) > 0 THEN DATE_FORMAT(`d`, ")
+    assert projection.endswith(" END")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+from pipeline.events import ChangeEvent
+from pipeline.sources.base import Transaction
 
 REQUIRED_VARIABLES: dict[str, str] = {
     "log_bin": "ON",
@@ -113,3 +116,83 @@ def check_privileges(global_privileges: Iterable[str], *, has_select: bool, gran
             f"GRANT SELECT ON db.* TO {grantee}"
         )
     return problems
+
+
+STRICT_MODES = frozenset({"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES"})
+ZERO_DATE_TYPES = frozenset({"date", "datetime", "timestamp"})
+
+
+def zero_date_loopholes(sql_mode: str) -> list[str]:
+    """What in ``sql_mode`` lets a DATE/DATETIME/TIMESTAMP column store a value the lake
+    cannot hold: a zero date ('0000-00-00'), a partial zero date ('2020-00-15') or an invalid
+    date ('2020-02-31'). Empty when the mode refuses all three.
+
+    Without a strict mode NO_ZERO_DATE and NO_ZERO_IN_DATE only warn and store the value.
+    """
+    modes = {m.strip().upper() for m in sql_mode.split(",") if m.strip()}
+    loopholes = []
+    if not modes & STRICT_MODES:
+        loopholes.append("no strict mode (STRICT_TRANS_TABLES)")
+    for name in ("NO_ZERO_DATE", "NO_ZERO_IN_DATE"):
+        if name not in modes:
+            loopholes.append(f"no {name}")
+    if "ALLOW_INVALID_DATES" in modes:
+        loopholes.append("ALLOW_INVALID_DATES")
+    return loopholes
+
+
+def check_temporal_key(table: object, key_types: Sequence[tuple[str, str]], sql_mode: str
+                       ) -> list[str]:
+    """Problems with DATE/DATETIME/TIMESTAMP primary-key columns under the server's
+    ``sql_mode`` (empty when the table's key is safe).
+
+    ``key_types`` are the key columns' ``(name, base type)`` in key order. A zero, partial
+    zero or invalid date has no lake value (it lands as NULL), so two source keys could
+    become one lake key; such a key column is refused unless ``sql_mode`` refuses those
+    values.
+    """
+    temporal = [(n, t) for n, t in key_types if t.lower() in ZERO_DATE_TYPES]
+    loopholes = zero_date_loopholes(sql_mode)
+    if not temporal or not loopholes:
+        return []
+    shown = sql_mode.strip() or "''"
+    problems = []
+    for name, base in temporal:
+        problems.append(
+            f"table {table} cannot be captured: primary key column {name!r} is "
+            f"{base.upper()} and the server's sql_mode {shown} ({', '.join(loopholes)}) lets "
+            "it hold zero, partial zero or invalid dates ('0000-00-00', '2020-00-15', "
+            "'2020-02-31'), which the lake cannot represent: they would land as NULL and two "
+            "source keys could become one. Fix: add STRICT_TRANS_TABLES, NO_ZERO_DATE and "
+            "NO_ZERO_IN_DATE to sql_mode (and remove ALLOW_INVALID_DATES) under [mariadbd] in "
+            "the server's configuration and with SET GLOBAL sql_mode=..., after checking "
+            f"that no row holds such a value in {name!r}"
+        )
+    return problems
+
+
+def null_key_problem(txn: Transaction) -> str | None:
+    """Why ``txn`` cannot be applied, if a change in it has NULL in a primary-key column.
+
+    Key columns are NOT NULL in the source, so a NULL there is a value the log decoder
+    could not represent (a zero, partial zero, year-0 or invalid date). Applying it would
+    merge distinct source rows into one lake key.
+    """
+    for item in txn.items:
+        if not isinstance(item, ChangeEvent) or all(v is not None for v in item.key):
+            continue
+        schema = txn.schemas.get(item.table)
+        names = schema.key if schema is not None else ()
+        columns = [n for n, v in zip(names, item.key, strict=False) if v is None]
+        where = (f"binlog file {item.position.binlog_file_index} offset "
+                 f"{item.position.binlog_offset}")
+        return (
+            f"{item.table}: a change at {where} has NULL in primary key column(s) "
+            f"{', '.join(repr(c) for c in columns) or '?'}: the source value cannot be "
+            "represented in the lake (a zero, partial zero, year-0 or invalid date such as "
+            "'0000-00-00', '2020-00-15', '0000-01-01'), and distinct rows would merge into "
+            "one lake key. Fix such rows in the source and refuse them with sql_mode "
+            "(STRICT_TRANS_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE); the tailer cannot pass this "
+            "change: run `dblog tail --from-head`, then `dblog capture` to re-snapshot"
+        )
+    return None

@@ -10,7 +10,7 @@ import pymysql
 
 from pipeline.errors import ConfigError, LogPurgedError, SourceError
 from pipeline.events import Position, TableId
-from pipeline.sources.base import ChunkSpec, TableSchema
+from pipeline.sources.base import ChunkSpec, TableSchema, Transaction
 from pipeline.sources.mysql.binlog import (
     WATERMARK_TABLE,
     MySqlLogReader,
@@ -19,8 +19,10 @@ from pipeline.sources.mysql.binlog import (
 )
 from pipeline.sources.mysql.checks import (
     VALIDATED_VARIABLES,
+    ZERO_DATE_TYPES,
     check_privileges,
     check_server_variables,
+    null_key_problem,
 )
 from pipeline.sources.mysql.connection import UNREACHABLE_CODES, MySqlSettings, connect, translate
 from pipeline.sources.mysql.schema import load_table_schema
@@ -31,6 +33,23 @@ T = TypeVar("T")
 ER_PARSE_ERROR = 1064
 WATERMARK_LENGTH = 36
 INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
+
+
+class KeyCheckedLogReader(MySqlLogReader):
+    """The binlog reader, refusing (SourceError) a transaction with a NULL key value.
+
+    The source's key columns are NOT NULL, so NULL there is a value the decoder could not
+    represent (a zero or invalid date a session wrote under a lax sql_mode, or a year-0
+    date); applying it would merge distinct rows into one lake key.
+    """
+
+    def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
+        txns = super().read(max_transactions=max_transactions, max_wait_s=max_wait_s)
+        for txn in txns:
+            problem = null_key_problem(txn)
+            if problem is not None:
+                raise SourceError(problem)
+        return txns
 
 
 def _grantee(current_user: str) -> str:
@@ -216,7 +235,9 @@ class MySqlDialect:
         return self._run(logs, "listing binlog files")
 
     def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]) -> MySqlLogReader:
-        """A reader from ``start``; LogPurgedError if the binlog no longer reaches back."""
+        """A reader from ``start``; LogPurgedError if the binlog no longer reaches back.
+
+        The reader refuses (SourceError) a change with a NULL primary-key value."""
         file, pos = native_position(start)
         logs = self.binary_logs()
         sizes = dict(logs)
@@ -240,7 +261,7 @@ class MySqlDialect:
         for table in tables:
             if not isinstance(table, TableId):
                 raise ConfigError(f"expected a TableId, got {table!r}")
-        return MySqlLogReader(self.settings, {"file": file, "pos": pos}, tables)
+        return KeyCheckedLogReader(self.settings, {"file": file, "pos": pos}, tables)
 
     # -- chunks -----------------------------------------------------------------------
 
@@ -250,10 +271,39 @@ class MySqlDialect:
         return build_chunk_sql(spec, schema)
 
     def read_chunk(self, spark: Any, spec: ChunkSpec, schema: TableSchema) -> Any:
-        """One chunk through Spark JDBC in the canonical schema (see snapshot.read_chunk)."""
+        """One chunk through Spark JDBC in the canonical schema (see snapshot.read_chunk).
+
+        A DATE/DATETIME/TIMESTAMP key value the lake cannot hold (read as NULL: a zero,
+        partial zero, year-0 or invalid date) fails the Spark job that reads the chunk
+        (``raise_error``, no extra query) instead of merging distinct rows into one key."""
+        from pyspark.sql import functions as F
+
         from pipeline.sources.mysql.snapshot import read_chunk
 
-        return read_chunk(spark, self, spec, schema)
+        df = read_chunk(spark, self, spec, schema)
+        guarded = {
+            k for k in schema.key
+            if schema.column(k).source_type.split("(")[0].strip().lower() in ZERO_DATE_TYPES
+        }
+        if not guarded:
+            return df
+        # Positional names: no Spark name parsing of hostile column names.
+        temp = [f"_c{i}" for i in range(len(schema.columns))]
+        df = df.toDF(*temp)
+        columns = []
+        for name, col in zip(temp, schema.columns, strict=True):
+            column = F.col(name)
+            if col.name in guarded:
+                message = (
+                    f"{schema.table}: primary key column {col.name!r} holds a value the lake "
+                    "cannot represent (a zero, partial zero, year-0 or invalid date such as "
+                    "'0000-00-00', '2020-00-15', '0000-01-01'); distinct rows would merge "
+                    "into one lake key. Fix such rows in the source and refuse them with "
+                    "sql_mode (STRICT_TRANS_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE)"
+                )
+                column = F.when(column.isNull(), F.raise_error(F.lit(message))).otherwise(column)
+            columns.append(column.alias(col.name))
+        return df.select(*columns)
 
     def jdbc_options(self) -> dict[str, str]:
         """Spark JDBC options. The ``jdbc:mysql:`` scheme (``permitMysqlScheme``) makes Spark

@@ -10,6 +10,7 @@ import pymysql.cursors
 from pipeline.errors import SourceError
 from pipeline.events import TableId
 from pipeline.sources.base import Column, TableSchema
+from pipeline.sources.mysql.checks import ZERO_DATE_TYPES, check_temporal_key
 from pipeline.sources.mysql.types import from_information_schema
 
 _COLUMNS_SQL = (
@@ -34,7 +35,11 @@ def no_primary_key(table: TableId) -> SourceError:
 
 
 def load_table_schema(conn: Any, table: TableId) -> TableSchema:
-    """The current schema of ``table`` from information_schema (columns in table order)."""
+    """The current schema of ``table`` from information_schema (columns in table order).
+
+    SourceError for a DATE/DATETIME/TIMESTAMP key column while the server's global
+    sql_mode lets it hold zero or invalid dates (see ``checks.check_temporal_key``).
+    """
     if any(ord(ch) > 0xFFFF or ch == "\x00" for ch in str(table)):
         raise SourceError(f"table {table} does not exist: not a valid MariaDB identifier")
     args = (table.database, table.table)
@@ -53,12 +58,22 @@ def load_table_schema(conn: Any, table: TableId) -> TableSchema:
         cur.execute(_KEY_SQL, args)
         key = tuple(str(r["COLUMN_NAME"]) for r in cur.fetchall())
     columns = []
+    bases: dict[str, str] = {}
     for row in rows:
         name = str(row["COLUMN_NAME"])
         st = from_information_schema(row, f"table {table} column {name!r}")
         columns.append(Column(name, st.spark_type, row["IS_NULLABLE"] == "YES", st.name))
+        bases[name] = st.base
     if not key:
         raise no_primary_key(table)
+    key_types = [(k, bases.get(k, "")) for k in key]
+    if any(base in ZERO_DATE_TYPES for _, base in key_types):
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.sql_mode")
+            sql_mode = str(cur.fetchone()[0] or "")
+        problems = check_temporal_key(table, key_types, sql_mode)
+        if problems:
+            raise SourceError("; ".join(problems))
     return TableSchema(table, tuple(columns), key)
 
 

@@ -13,15 +13,23 @@ INT                                    INT (unsigned: BIGINT)
 BIGINT                                 BIGINT (unsigned: DECIMAL(20,0))
 DECIMAL(p,s)                           DECIMAL(p,s) (p > 38: STRING)
 FLOAT / DOUBLE                         FLOAT / DOUBLE
-DATE                                   DATE
-DATETIME(n)                            TIMESTAMP_NTZ
-TIMESTAMP(n)                           TIMESTAMP (UTC)
+DATE                                   DATE (*)
+DATETIME(n)                            TIMESTAMP_NTZ (*)
+TIMESTAMP(n)                           TIMESTAMP (UTC) (*)
 TIME(n)                                STRING ('-838:59:59.000000')
 YEAR                                   INT
 BIT(n)                                 BIGINT (BIT(64) two's complement)
 CHAR/VARCHAR/TEXT/JSON/ENUM/SET        STRING (SET: 'a,c' in definition order)
 BINARY/VARBINARY/BLOB                  BINARY (BINARY(n) zero-padded to n)
 =====================================  ==============================
+
+(*) Values the lake cannot hold read as NULL, from the log and from chunk selects alike:
+zero dates ('0000-00-00'), partial zero dates ('2020-00-15', '2020-05-00'), dates in year 0
+('0000-01-01') and invalid dates stored under ALLOW_INVALID_DATES ('2020-02-31'; the log
+reader fails on such a DATE). A TIMESTAMP holds only the zero value of these. In a primary
+key such a NULL would merge distinct rows, so key columns are refused up front when the
+server's sql_mode allows those values, and a NULL key value stops the log reader and the
+chunk read (see ``checks.check_temporal_key`` and ``MySqlDialect``).
 """
 
 from __future__ import annotations
@@ -122,10 +130,14 @@ class SourceType:
             return f"CAST({quoted} AS CHAR)" if self.spark_type == "STRING" else quoted
         if b == "float":
             return f"CAST({quoted} AS DOUBLE)"
+        # Year 0 ('0000-01-01') is a valid MariaDB date but not a Python one: the log
+        # decodes it as NULL, so the chunk does too. Zero, partial zero ('2020-00-15') and
+        # invalid dates ('2020-02-31') fail Spark's try_cast and read as NULL as well.
         if b == "date":
-            return f"DATE_FORMAT({quoted}, '%Y-%m-%d')"
+            return f"CASE WHEN YEAR({quoted}) > 0 THEN DATE_FORMAT({quoted}, '%Y-%m-%d') END"
         if b == "datetime":
-            return f"DATE_FORMAT({quoted}, '%Y-%m-%d %H:%i:%s.%f')"
+            return (f"CASE WHEN YEAR({quoted}) > 0 THEN"
+                    f" DATE_FORMAT({quoted}, '%Y-%m-%d %H:%i:%s.%f') END")
         if b == "timestamp":
             return f"CONCAT(DATE_FORMAT({quoted}, '%Y-%m-%d %H:%i:%s.%f'), 'Z')"
         if b == "time" or b in TEXT_TYPES:
