@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +38,62 @@ class SourceStatus:
     batch: int | None
     head: dict[str, Any] | None
     lag_bytes: int | None
+    """Bytes of source log between the committed position and the head (across binlog
+    files); None when unknown (a file in between is gone, or the source cannot tell)."""
     seconds_since_commit: float | None
+    """Wall-clock seconds since the tailer last committed a batch."""
     tailer: str | None
     tables: list[TableStatus]
+    lag_seconds: float | None = None
+    """0 when caught up; else seconds since the source committed the last transaction the
+    lake has (an upper bound of the lag); None when that commit time is not recorded."""
+
+
+def _binlog_index(name: str) -> int | None:
+    _, dot, suffix = name.rpartition(".")
+    return int(suffix) if dot and suffix.isascii() and suffix.isdigit() else None
+
+
+def binlog_lag_bytes(
+    position: Mapping[str, Any], head: Mapping[str, Any], logs: Sequence[tuple[str, int]]
+) -> int | None:
+    """Bytes of binlog from ``position`` to ``head`` (both ``{"file", "pos"}``).
+
+    ``logs`` are the server's binlog files and sizes in order (SHOW BINARY LOGS, listed
+    after the head was read). Across files: the rest of the position's file, every file in
+    between, and the head's file up to the head. None when a file of the span is not
+    listed (purged, or a reset log) or the position is past the head.
+    """
+    try:
+        file, pos = str(position["file"]), int(position["pos"])
+        head_file, head_pos = str(head["file"]), int(head["pos"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if file == head_file:
+        return head_pos - pos if head_pos >= pos else None
+    names = [name for name, _ in logs]
+    if file not in names or head_file not in names:
+        return None
+    first, last = names.index(file), names.index(head_file)
+    here_index, head_index = _binlog_index(file), _binlog_index(head_file)
+    if first > last or here_index is None or head_index is None or here_index > head_index:
+        return None
+    size = int(logs[first][1])
+    if pos > size:
+        return None
+    return (size - pos) + sum(int(s) for _, s in logs[first + 1:last]) + head_pos
+
+
+def lag_seconds(lag_bytes: int | None, commit_ts_ms: int | None, now_s: float
+                ) -> float | None:
+    """The lag in time: 0 when nothing is left to read; else the time since the source
+    committed the last transaction the lake has (every unread transaction committed later,
+    so the true lag is at most this); None when that commit time is unknown."""
+    if lag_bytes == 0:
+        return 0.0
+    if commit_ts_ms is None:
+        return None
+    return max(0.0, now_s - commit_ts_ms / 1000)
 
 
 def collect_status(rt: Runtime) -> SourceStatus:
@@ -61,12 +115,23 @@ def collect_status(rt: Runtime) -> SourceStatus:
     head = dict(rt.dialect.head_position())
     lag = None
     since = None
+    lag_s = None
     if pos is not None:
-        head_pos = rt.dialect.to_position(head)
-        here = rt.dialect.to_position(pos.value.source_position)
-        same_file = head_pos.lsn >> 32 == here.lsn >> 32
-        lag = head_pos.lsn - here.lsn if same_file else None
-        since = time.time() - pos.value.updated_at_ms / 1000
+        native = pos.value.source_position
+        if "file" in native and "file" in head:
+            # Listed after the head was read: every file up to the head's is there and
+            # closed (its size final).
+            binary_logs = getattr(rt.dialect, "binary_logs", None)
+            logs = binary_logs() if callable(binary_logs) else []
+            lag = binlog_lag_bytes(native, head, logs)
+        else:  # a byte-addressed log (PostgreSQL's LSN): positions subtract
+            diff = rt.dialect.to_position(head).lsn - rt.dialect.to_position(native).lsn
+            lag = diff if diff >= 0 else None
+        now = time.time()
+        since = now - pos.value.updated_at_ms / 1000
+        # The source commit time of the last committed transaction, where the tailer
+        # records it with the position.
+        lag_s = lag_seconds(lag, getattr(pos.value, "commit_ts_ms", None), now)
     return SourceStatus(
         source=rt.config.source.name,
         position=dict(pos.value.source_position) if pos else None,
@@ -77,6 +142,7 @@ def collect_status(rt: Runtime) -> SourceStatus:
         seconds_since_commit=since,
         tailer=rt.state.lock_holder(),
         tables=list(tables.values()),
+        lag_seconds=lag_s,
     )
 
 
@@ -89,7 +155,8 @@ def render_status(rt: Runtime, console: Console | None = None) -> SourceStatus:
     console.print(f"[bold]source[/bold] {status.source}  tailer: {status.tailer or 'not running'}")
     console.print(
         f"log position {status.position} (batch {status.batch}), head {status.head}, "
-        f"lag {status.lag_bytes if status.lag_bytes is not None else '?'} bytes, "
+        f"lag {status.lag_bytes if status.lag_bytes is not None else '?'} bytes"
+        f" / {f'{status.lag_seconds:.0f}' if status.lag_seconds is not None else '?'}s, "
         f"last commit {status.seconds_since_commit or 0:.0f}s ago"
     )
     grid = Table("table", "ranges", "progress", "chunks", "rows emitted", "dropped", "captures")
