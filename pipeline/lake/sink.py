@@ -98,6 +98,10 @@ class TableBatch:
     emissions: list[ChunkEmission] = field(default_factory=list)
 
 
+def _metadata_json(metadata: Mapping[str, Any]) -> str:
+    return json.dumps(metadata, sort_keys=True, default=str)
+
+
 def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
@@ -139,18 +143,22 @@ class DeltaSink:
     """Delta writer for one source's tables (changelog, mirror, staging)."""
 
     def __init__(self, spark: SparkSession, layout: LakeLayout) -> None:
-        # Own SQL conf: idempotent-DML markers are session settings.
+        # Two sessions with their own SQL conf: the ordered writer sets Delta's idempotent-DML
+        # markers (session settings) around its MERGE; staging work, called from capture
+        # threads at any moment, must never see them (its DELETE would be skipped as
+        # "already executed" or carry the writer's commit metadata).
         self.spark = spark.newSession()
+        self._staging_spark = spark.newSession()
         self.layout = layout
         self._columns: dict[TableId, list[Column]] = {}
         self._keys: dict[TableId, tuple[str, ...]] = {}
 
     # ---- tables and schema ------------------------------------------------------------
 
-    def _exists(self, path: str) -> bool:
+    def _exists(self, path: str, spark: SparkSession | None = None) -> bool:
         from delta.tables import DeltaTable
 
-        return bool(DeltaTable.isDeltaTable(self.spark, path))
+        return bool(DeltaTable.isDeltaTable(spark or self.spark, path))
 
     def known_columns(self, table: TableId) -> list[Column]:
         """The columns the lake holds for ``table`` (a superset of every schema seen)."""
@@ -184,10 +192,17 @@ class DeltaSink:
         if added:
             self._add_columns(table, added)
 
-    def _create_table(self, path: str, schema: T.StructType, props: Mapping[str, str]) -> None:
+    def _create_table(
+        self,
+        path: str,
+        schema: T.StructType,
+        props: Mapping[str, str],
+        spark: SparkSession | None = None,
+    ) -> None:
         from delta.tables import DeltaTable
 
-        builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
+        builder = DeltaTable.createIfNotExists(spark or self.spark).location(path)
+        builder = builder.addColumns(schema)
         for key, value in props.items():
             builder = builder.property(key, value)
         builder.execute()
@@ -243,36 +258,44 @@ class DeltaSink:
     # ---- staging (written by captures) -------------------------------------------------
 
     def stage_chunk(self, df: DataFrame, window_id: str, table: TableId) -> None:
-        """Append a selected chunk to the table's staging area under ``window_id``."""
+        """Append a selected chunk to the table's staging area under ``window_id``.
+
+        Safe to call from a capture thread while the tailer writes: staging uses a session of
+        its own (``df`` is written through its own session, which must not be ``self.spark``).
+        """
         # The window id first: Delta keeps min/max statistics on the leading columns, so an
         # emission reads only its own files.
         staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
                            *[F.col(quote_ident(c)) for c in df.columns])
         path = self.layout.staging(table)
-        if not self._exists(path):
+        if not self._exists(path, self._staging_spark):
             props = table_properties(df.columns)
             del props["delta.enableChangeDataFeed"]
-            self._create_table(path, staged.schema, props)
+            self._create_table(path, staged.schema, props, self._staging_spark)
         staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
     def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:
         """Forget staged rows of windows that were emitted or aborted."""
-        if not window_ids or not self._exists(self.layout.staging(table)):
+        if not window_ids or not self._exists(self.layout.staging(table), self._staging_spark):
             return
         from delta.tables import DeltaTable
 
-        DeltaTable.forPath(self.spark, self.layout.staging(table)).delete(
+        DeltaTable.forPath(self._staging_spark, self.layout.staging(table)).delete(
             F.col(WINDOW_COLUMN).isin(list(window_ids))
         )
 
     # ---- the ordered micro-batch -------------------------------------------------------
 
     @contextmanager
-    def _txn(self, batch: int, metadata: Mapping[str, Any]) -> Iterator[None]:
+    def _txn(self, batch: int, metadata: Mapping[str, Any], app_id: str | None = None
+             ) -> Iterator[None]:
+        """Delta's idempotent-DML markers as the writer session's settings (a MERGE takes no
+        write options); set only around the statement that needs them. Staging work runs in
+        another session and never sees them."""
         conf = self.spark.conf
-        conf.set(_TXN_APP, f"dblog:{self.layout.source}")
+        conf.set(_TXN_APP, app_id or self.app_id)
         conf.set(_TXN_VERSION, str(batch))
-        conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True, default=str))
+        conf.set(_USER_METADATA, _metadata_json(metadata))
         try:
             yield
         finally:
@@ -340,10 +363,19 @@ class DeltaSink:
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
         )
 
+    @property
+    def app_id(self) -> str:
+        """The default idempotent-write application id (a tailer passes its own)."""
+        return f"dblog:{self.layout.source}"
+
     def write_table_batch(
-        self, tb: TableBatch, batch: int, metadata: Mapping[str, Any]
+        self, tb: TableBatch, batch: int, metadata: Mapping[str, Any], *,
+        app_id: str | None = None,
     ) -> tuple[int, list[EmissionResult]]:
         """Append one table's share of batch ``batch`` and merge it into the mirror.
+
+        ``app_id`` with ``batch`` is Delta's idempotent-write marker (``txnAppId`` /
+        ``txnVersion``): a batch Delta has seen under that id is skipped.
 
         Returns the number of log events written and each emission's row count.
         """
@@ -369,13 +401,15 @@ class DeltaSink:
                 counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == "r"))
                           .groupBy(WINDOW_COLUMN).count().collect())
                 emitted = {r[WINDOW_COLUMN]: int(r["count"]) for r in counts}
-            with self._txn(batch, {**metadata, "table": str(table)}):
-                (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-                 .write.format("delta")
-                 .mode("append")
-                 .option("txnAppId", f"dblog:{self.layout.source}")
-                 .option("txnVersion", batch)
-                 .save(self.layout.changelog(table)))
+            commit_metadata = {**metadata, "table": str(table)}
+            (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
+             .write.format("delta")
+             .mode("append")
+             .option("txnAppId", app_id or self.app_id)
+             .option("txnVersion", batch)
+             .option("userMetadata", _metadata_json(commit_metadata))
+             .save(self.layout.changelog(table)))
+            with self._txn(batch, commit_metadata, app_id):
                 self._merge_mirror(table, changes, columns, key)
         finally:
             if tb.emissions:
