@@ -149,4 +149,10 @@ class SourceDialect(Protocol):
         """One chunk as a Spark DataFrame in the table's canonical schema, in key order."""
         ...
 
+    def spark_orders_keys_like_source(self, table: TableId) -> bool:
+        """True only when Spark's natural ordering of the key columns' canonical lake values
+        equals the database's ``ORDER BY`` of those key columns (so key ranges, bounds and
+        sort order mean the same on both sides); False whenever that is not guaranteed."""
+        ...
+
     def close(self) -> None: ...

@@ -226,3 +226,84 @@ def test_unrepresentable_dates_outside_the_key_read_as_null_from_log_and_chunks(
     assert from_log == [*nulls, valid]
     chunk = dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
     assert chunk == spark.createDataFrame(from_log, spark_schema(schema)).collect()
+
+
+# -- does Spark order keys like the database? -------------------------------------------------
+
+KEY_ORDER_CASES = [
+    ("INT", True), ("BIGINT UNSIGNED", True), ("TINYINT UNSIGNED", True),
+    ("DECIMAL(12,3)", True), ("DECIMAL(50,0)", False), ("DATE", True), ("DATETIME(6)", True),
+    ("TIMESTAMP(3)", True), ("YEAR", True), ("BINARY(4)", True), ("VARBINARY(20)", True),
+    ("VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin", True),
+    ("VARCHAR(20) CHARACTER SET utf8mb3 COLLATE utf8mb3_nopad_bin", True),
+    ("VARCHAR(20) CHARACTER SET ascii COLLATE ascii_nopad_bin", True),
+    ("VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", False),
+    ("VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci", False),
+    ("VARCHAR(20)", False),  # the server's default collation, utf8mb4_unicode_ci
+    ("VARCHAR(20) CHARACTER SET latin1 COLLATE latin1_nopad_bin", False),
+    ("CHAR(5) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin", False),
+    ("ENUM('b','a')", False), ("SET('x','y')", False), ("TIME", False), ("FLOAT", False),
+    ("DOUBLE", False), ("BIT(8)", False),
+]
+
+
+def test_spark_orders_keys_like_source_per_key_type(
+    dialect: MySqlDialect, sql: Any, db: str
+) -> None:
+    for i, (key_type, expected) in enumerate(KEY_ORDER_CASES):
+        table = TableId(db, f"k{i}")
+        execute(sql, f"CREATE TABLE {quote_table(table)} (k {key_type} NOT NULL PRIMARY KEY,"
+                     " v INT)")
+        assert dialect.spark_orders_keys_like_source(table) is expected, key_type
+    # prefix keys on BLOB/TEXT order by the whole value, like Spark
+    blob, text = TableId(db, "blob_key"), TableId(db, "text_key")
+    execute(sql, f"CREATE TABLE {quote_table(blob)} (b BLOB NOT NULL, PRIMARY KEY (b(10)))",
+            f"CREATE TABLE {quote_table(text)} (t TEXT CHARACTER SET utf8mb4 COLLATE"
+            " utf8mb4_nopad_bin NOT NULL, PRIMARY KEY (t(10)))")
+    assert dialect.spark_orders_keys_like_source(blob)
+    assert dialect.spark_orders_keys_like_source(text)
+    # composite: every key column must qualify (and only key columns count)
+    good, bad = TableId(db, "good"), TableId(db, "bad")
+    execute(sql, f"CREATE TABLE {quote_table(good)} (a INT NOT NULL, b DATE NOT NULL,"
+                 " c VARCHAR(5) COLLATE utf8mb4_unicode_ci, f FLOAT, PRIMARY KEY (b, a))",
+            f"CREATE TABLE {quote_table(bad)} (a INT NOT NULL, b VARCHAR(5) NOT NULL,"
+            " PRIMARY KEY (a, b))")
+    assert dialect.spark_orders_keys_like_source(good)
+    assert not dialect.spark_orders_keys_like_source(bad)
+
+
+def test_spark_orders_keys_like_source_refuses_unknown_and_keyless_tables(
+    dialect: MySqlDialect, sql: Any, db: str
+) -> None:
+    execute(sql, f"CREATE TABLE {quote_ident(db)}.nokey (a INT)")
+    with pytest.raises(SourceError, match="has no primary key"):
+        dialect.spark_orders_keys_like_source(TableId(db, "nokey"))
+    with pytest.raises(SourceError, match="does not exist"):
+        dialect.spark_orders_keys_like_source(TableId(db, "missing"))
+
+
+TRICKY = ["", "a", "a\t", "a\x00", "A", "ab", "b", "Z", "é", "ß", "\ufffd", "中", "😀",
+          "a😀", "\U0010fffd"]
+
+
+@pytest.mark.parametrize(("collation", "same_order"), [
+    ("utf8mb4_nopad_bin", True),
+    ("utf8mb4_bin", False),  # PAD SPACE: 'a\t' and 'a\x00' sort before 'a'
+])
+def test_key_order_decision_matches_the_database(
+    dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession, collation: str,
+    same_order: bool,
+) -> None:
+    """The database's ORDER BY against Spark's sort of the same canonical values."""
+    table = TableId(db, "texts")
+    execute(sql, f"CREATE TABLE {quote_table(table)} (k VARCHAR(10) CHARACTER SET utf8mb4"
+                 f" COLLATE {collation} NOT NULL PRIMARY KEY)")
+    with sql.cursor() as cur:
+        cur.executemany(f"INSERT INTO {quote_table(table)} VALUES (%s)", TRICKY)
+        cur.execute(f"SELECT k FROM {quote_table(table)} ORDER BY k")
+        db_order = [str(r[0]) for r in cur.fetchall()]
+    spark_order = [r[0] for r in spark.createDataFrame([(k,) for k in TRICKY], "k STRING")
+                   .orderBy("k").collect()]
+    assert sorted(db_order) == sorted(spark_order)
+    assert (db_order == spark_order) is same_order
+    assert dialect.spark_orders_keys_like_source(table) is same_order

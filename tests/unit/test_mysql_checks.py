@@ -16,7 +16,7 @@ from pipeline.sources.mysql.checks import (
     null_key_problem,
     zero_date_loopholes,
 )
-from pipeline.sources.mysql.types import SourceType
+from pipeline.sources.mysql.types import SourceType, spark_orders_like_source
 
 GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
         "binlog_row_metadata": "FULL"}
@@ -132,3 +132,44 @@ def test_year_zero_reads_as_null_in_chunk_selects(base: str) -> None:
     projection = SourceType(base).projection("`d`")
     assert projection.startswith("CASE WHEN YEAR(`d`) > 0 THEN DATE_FORMAT(`d`, ")
     assert projection.endswith(" END")
+
+
+# -- does Spark order keys like the database? -------------------------------------------------
+
+
+@pytest.mark.parametrize(("base", "kw", "collation"), [
+    ("tinyint", {}, None), ("tinyint", {"unsigned": True}, None),
+    ("smallint", {}, None), ("mediumint", {"unsigned": True}, None), ("int", {}, None),
+    ("int", {"unsigned": True}, None), ("bigint", {}, None),
+    ("bigint", {"unsigned": True}, None),  # DECIMAL(20,0) in the lake: still numeric
+    ("decimal", {"precision": 38, "scale": 10}, None),
+    ("date", {}, None), ("datetime", {"precision": 6}, None), ("timestamp", {}, None),
+    ("year", {}, None),
+    ("binary", {"precision": 8}, None), ("varbinary", {}, None), ("blob", {}, None),
+    ("longblob", {}, None),
+    ("varchar", {}, "utf8mb4_nopad_bin"), ("varchar", {}, "UTF8MB3_NOPAD_BIN"),
+    ("text", {}, "utf8mb4_nopad_bin"), ("varchar", {}, "ascii_nopad_bin"),
+    ("varchar", {}, "utf8mb4_0900_bin"),  # MySQL 8: NO PAD, code-point order
+])
+def test_spark_orders_like_source(base: str, kw: dict[str, object], collation: str | None
+                                  ) -> None:
+    assert spark_orders_like_source(SourceType(base, **kw), collation)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("base", "kw", "collation"), [
+    ("decimal", {"precision": 39, "scale": 0}, None),  # a STRING in the lake
+    ("varchar", {}, "utf8mb4_bin"),  # PAD SPACE: 'a\t' < 'a' in the database
+    ("varchar", {}, "utf8mb3_bin"), ("text", {}, "utf8mb4_bin"),
+    ("varchar", {}, "utf8mb4_general_ci"), ("varchar", {}, "utf8mb4_unicode_ci"),
+    ("varchar", {}, "utf8mb4_0900_ai_ci"),
+    ("varchar", {}, "latin1_nopad_bin"),  # cp1252: byte order is not code-point order
+    ("varchar", {}, None), ("varchar", {}, ""),
+    ("char", {}, "utf8mb4_nopad_bin"),  # trailing spaces dropped on the way to the lake
+    ("enum", {}, "utf8mb4_nopad_bin"), ("set", {}, "utf8mb4_nopad_bin"),
+    ("time", {"precision": 3}, None), ("float", {}, None), ("double", {}, None),
+    ("bit", {"precision": 8}, None), ("bit", {"precision": 64}, None),
+    ("json", {}, "utf8mb4_bin"),
+])
+def test_spark_does_not_order_like_source(base: str, kw: dict[str, object],
+                                          collation: str | None) -> None:
+    assert not spark_orders_like_source(SourceType(base, **kw), collation)  # type: ignore[arg-type]

@@ -25,9 +25,10 @@ from pipeline.sources.mysql.checks import (
     null_key_problem,
 )
 from pipeline.sources.mysql.connection import UNREACHABLE_CODES, MySqlSettings, connect, translate
-from pipeline.sources.mysql.schema import load_table_schema
+from pipeline.sources.mysql.schema import key_order_columns, load_table_schema
 from pipeline.sources.mysql.snapshot import build_chunk_sql
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from pipeline.sources.mysql.types import spark_orders_like_source
 
 T = TypeVar("T")
 ER_PARSE_ERROR = 1064
@@ -198,6 +199,13 @@ class MySqlDialect:
 
     def table_schema(self, table: TableId) -> TableSchema:
         return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
+
+    def spark_orders_keys_like_source(self, table: TableId) -> bool:
+        """Whether Spark's natural order of the key's canonical lake values is the
+        database's ``ORDER BY`` of the key columns (see ``types.spark_orders_like_source``):
+        True only when every key column's type (and, for text, collation) guarantees it."""
+        columns = self._run(lambda conn: key_order_columns(conn, table), f"reading {table}")
+        return all(spark_orders_like_source(st, collation) for _, st, collation in columns)
 
     def head_position(self) -> dict[str, Any]:
         """``{"file", "pos"}`` of the end of the binlog now."""

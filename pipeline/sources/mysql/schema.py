@@ -11,7 +11,7 @@ from pipeline.errors import SourceError
 from pipeline.events import TableId
 from pipeline.sources.base import Column, TableSchema
 from pipeline.sources.mysql.checks import ZERO_DATE_TYPES, check_temporal_key
-from pipeline.sources.mysql.types import from_information_schema
+from pipeline.sources.mysql.types import SourceType, from_information_schema
 
 _COLUMNS_SQL = (
     "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,"
@@ -25,6 +25,17 @@ _TABLES_SQL = (
 _KEY_SQL = (
     "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s"
     " AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX"
+)
+
+
+_KEY_COLUMNS_SQL = (
+    "SELECT c.COLUMN_NAME, c.DATA_TYPE, c.COLUMN_TYPE, c.IS_NULLABLE, c.NUMERIC_PRECISION,"
+    " c.NUMERIC_SCALE, c.DATETIME_PRECISION, c.CHARACTER_OCTET_LENGTH, c.COLLATION_NAME"
+    " FROM information_schema.STATISTICS s JOIN information_schema.COLUMNS c"
+    " ON c.TABLE_SCHEMA = s.TABLE_SCHEMA AND c.TABLE_NAME = s.TABLE_NAME"
+    " AND c.COLUMN_NAME = s.COLUMN_NAME"
+    " WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.INDEX_NAME = 'PRIMARY'"
+    " ORDER BY s.SEQ_IN_INDEX"
 )
 
 
@@ -225,3 +236,22 @@ def ddl_targets(sql: str, default_db: str) -> tuple[list[TableId], list[str]]:
                 continue
             p.i += 1
     return tables, []
+
+
+def key_order_columns(conn: Any, table: TableId) -> list[tuple[str, SourceType, str | None]]:
+    """The primary-key columns of ``table`` in key order: name, type and collation (None
+    for non-text columns); SourceError for an unknown table or one without a primary key."""
+    args = (table.database, table.table)
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(_KEY_COLUMNS_SQL, args)
+        rows = [r for r in cur.fetchall() if r["COLUMN_NAME"] is not None]
+    if not rows:
+        load_table_schema(conn, table)  # says why: unknown table, a view, no primary key
+        raise no_primary_key(table)
+    out = []
+    for row in rows:
+        name = str(row["COLUMN_NAME"])
+        st = from_information_schema(row, f"table {table} column {name!r}")
+        collation = row["COLLATION_NAME"]
+        out.append((name, st, None if collation is None else str(collation)))
+    return out

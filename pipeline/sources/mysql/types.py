@@ -146,6 +146,38 @@ class SourceType:
         return quoted
 
 
+NO_PAD_BINARY_COLLATIONS = frozenset({
+    "utf8mb4_nopad_bin", "utf8mb3_nopad_bin", "utf8_nopad_bin", "ascii_nopad_bin",
+    "utf8mb4_0900_bin",
+})
+"""Text collations that compare by code point with trailing spaces significant: exactly
+Spark's order of the UTF-8 strings. ``*_bin`` collations pad ('a' = 'a ', 'a\t' < 'a');
+latin1 is cp1252 in MariaDB, whose byte order is not code-point order."""
+
+_TEXT_KEY_TYPES = frozenset({"varchar", "tinytext", "text", "mediumtext", "longtext"})
+_ORDERED_TYPES = frozenset(INT_TYPES) | BINARY_TYPES | {"date", "datetime", "timestamp", "year"}
+
+
+def spark_orders_like_source(st: SourceType, collation: str | None) -> bool:
+    """Whether Spark's natural order of the canonical values of a column of type ``st``
+    (with ``collation``, for text) is the database's ``ORDER BY`` of that column.
+
+    Integers (any signedness), DECIMAL up to 38 digits, DATE, DATETIME, TIMESTAMP, YEAR,
+    BINARY, VARBINARY and BLOB: yes. VARCHAR/TEXT only under a no-pad binary collation of
+    a Unicode or ASCII character set. CHAR (trailing spaces dropped), ENUM and SET (ordered
+    by index), TIME and DECIMAL > 38 digits (strings), FLOAT/DOUBLE (-0.0, NaN), BIT
+    (BIT(64) wraps negative) and JSON: no.
+    """
+    b = st.base
+    if b == "decimal":
+        return st.spark_type != "STRING"
+    if b in _ORDERED_TYPES:
+        return True
+    if b in _TEXT_KEY_TYPES:
+        return (collation or "").strip().lower() in NO_PAD_BINARY_COLLATIONS
+    return False
+
+
 def from_information_schema(row: Mapping[str, Any], where: str) -> SourceType:
     """The type of one ``information_schema.COLUMNS`` row; SourceError if unsupported."""
     data_type = str(row["DATA_TYPE"]).lower()
