@@ -1,0 +1,124 @@
+"""Where the log is cut into micro-batches, and how a recorded batch is rebuilt on replay.
+
+The tailer writes batch ``N`` to Delta with ``txnVersion = N``; Delta skips a version it has
+seen, so a batch replayed after a crash must be **exactly** the batch that was written (the
+same transactions, nothing more): otherwise a transaction that joined the replayed batch is
+skipped with it and lost. Before writing, the tailer records the batch's end position (the
+batch intent); on replay this module closes the batch exactly there:
+
+* a transaction that ends past the recorded end is never part of the batch: the batch is
+  closed *before* it (:meth:`BatchCutter.before`);
+* the recorded end may lie past the last tracked transaction (untracked transactions, DDL,
+  rollbacks and rotations move the reader without producing anything): the batch is closed
+  as soon as the reader stands at or past it, even when nothing new arrives
+  (:meth:`BatchCutter.idle`).
+
+Outside replay a batch is closed after a transaction once it holds ``max_events`` events or
+is ``max_seconds`` old, and when the reader is idle and has moved past the last batch end.
+
+Pure: positions are compared as :class:`~pipeline.events.Position`; the source-native
+position that goes with each (``native``) is carried through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.errors import DblogError
+
+__all__ = ["BatchCutter", "Cut", "ReplayMismatch"]
+
+from pipeline.events import Position
+
+
+class ReplayMismatch(DblogError):
+    """The log no longer rebuilds the recorded batch; writing it would lose or duplicate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Close the pending batch at ``end`` (source-native ``native``)."""
+
+    end: Position
+    native: Mapping[str, Any]
+
+
+class BatchCutter:
+    """Decides batch boundaries for the tailer (see module docstring). Not thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        committed: Position,
+        max_events: int,
+        max_seconds: float,
+        now: float,
+        replay: Cut | None = None,
+    ) -> None:
+        if replay is not None and replay.end < committed:
+            raise ReplayMismatch(
+                f"the recorded batch ends at {replay.end}, before the committed position "
+                f"{committed}"
+            )
+        self.max_events = max_events
+        self.max_seconds = max_seconds
+        self._committed = committed
+        self._replay = replay
+        self._events = 0
+        self._pending: Cut | None = None
+        self._opened = now
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the pending batch is a recorded one being rebuilt."""
+        return self._replay is not None
+
+    @property
+    def pending(self) -> Cut | None:
+        """Where the pending batch ends so far (``None``: nothing consumed yet)."""
+        return self._pending
+
+    def before(self, resume: Position) -> Cut | None:
+        """Called before consuming a transaction ending at ``resume``: the cut to make first
+        when that transaction lies past the recorded end of a replayed batch."""
+        if self._replay is not None and resume > self._replay.end:
+            return self._replay
+        return None
+
+    def consumed(self, resume: Position, native: Mapping[str, Any], events: int, now: float
+                 ) -> Cut | None:
+        """Record a consumed transaction; the cut to make after it, if the batch is done."""
+        if resume <= self._committed:
+            raise ValueError(f"transaction at {resume} is not after the batch start")
+        if self._replay is not None and resume > self._replay.end:
+            raise ReplayMismatch(
+                f"a transaction ending at {resume} would join the recorded batch ending at "
+                f"{self._replay.end}"
+            )
+        self._pending = Cut(resume, native)
+        self._events += events
+        if self._replay is not None:
+            return self._replay if resume == self._replay.end else None
+        if self._events >= self.max_events or now - self._opened >= self.max_seconds:
+            return self._pending
+        return None
+
+    def idle(self, reader_at: Position, native: Mapping[str, Any]) -> Cut | None:
+        """The reader returned nothing and stands at ``reader_at`` (past any transactions
+        it skipped): the cut to make now, if any."""
+        if self._replay is not None:
+            return self._replay if reader_at >= self._replay.end else None
+        if self._pending is None or reader_at > self._pending.end:
+            if reader_at > self._committed:
+                self._pending = Cut(reader_at, native)
+        return self._pending
+
+    def cut(self, made: Cut, now: float) -> None:
+        """The batch ending at ``made`` was written and committed: start the next one."""
+        self._committed = made.end
+        self._replay = None
+        self._pending = None
+        self._events = 0
+        self._opened = now

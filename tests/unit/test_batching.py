@@ -1,0 +1,198 @@
+"""Property test of the batch-cutting rule: crash anywhere, the replayed batch is exactly the
+written one, and every tracked transaction lands in exactly one committed batch, in order."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.batching import BatchCutter, Cut, ReplayMismatch
+from pipeline.events import Position
+
+
+@dataclass(frozen=True)
+class Tx:
+    """A committed transaction: where the log stands after it and how many tracked events it
+    has (0: untracked table, DDL, rollback or rotation; the reader skips it silently)."""
+
+    ident: int
+    resume: Position
+    events: int
+
+
+def native(p: Position) -> dict[str, int]:
+    return {"lsn": p.lsn}
+
+
+@dataclass
+class Reader:
+    """A log reader over the transactions available so far (like MySqlLogReader)."""
+
+    log: list[Tx]
+    available: int
+    at: Position
+    rng: random.Random
+    cursor: int = 0
+
+    def __post_init__(self) -> None:
+        while self.cursor < len(self.log) and self.log[self.cursor].resume <= self.at:
+            self.cursor += 1
+
+    def read(self) -> list[Tx]:
+        out: list[Tx] = []
+        budget = self.rng.randint(0, 4)
+        while self.cursor < self.available and len(out) < budget:
+            tx = self.log[self.cursor]
+            self.cursor += 1
+            self.at = tx.resume
+            if tx.events:
+                out.append(tx)
+        return out
+
+
+@dataclass
+class Lake:
+    """What Delta and ZooKeeper hold: written batches (by number) and the committed state."""
+
+    written: dict[int, tuple[Position, Position, tuple[int, ...]]] = field(default_factory=dict)
+    committed_batch: int = 0
+    committed_end: Position = Position(0)
+    intent: tuple[int, Position] | None = None
+    commits: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+
+
+class Crash(Exception):
+    pass
+
+
+def run_tailer(log: list[Tx], lake: Lake, rng: random.Random, *, crash_after: int | None,
+               grow: list[int]) -> None:
+    """One tailer process: reads until the whole log is committed, or crashes after
+    ``crash_after`` steps (a step is a read, a consumed transaction or a write phase)."""
+    steps = 0
+
+    def step() -> None:
+        nonlocal steps
+        steps += 1
+        if crash_after is not None and steps >= crash_after:
+            raise Crash
+
+    clock = [0.0]
+    replay = None
+    if lake.intent is not None and lake.intent[0] == lake.committed_batch + 1:
+        replay = Cut(lake.intent[1], native(lake.intent[1]))
+    cutter = BatchCutter(committed=lake.committed_end, max_events=rng.randint(1, 6),
+                         max_seconds=rng.choice([0.5, 2.0, 100.0]), now=0.0, replay=replay)
+    reader = Reader(log, grow.pop(0) if grow else len(log), lake.committed_end, rng)
+    pending: list[int] = []
+
+    def flush(cut: Cut) -> None:
+        batch = lake.committed_batch + 1
+        if lake.intent is None or lake.intent[0] != batch:
+            lake.intent = (batch, cut.end)
+        assert lake.intent == (batch, cut.end), "the batch must end where its intent says"
+        step()
+        content = (lake.committed_end, cut.end, tuple(pending))
+        if batch in lake.written:
+            assert lake.written[batch] == content, "a replayed batch differs from the written"
+        lake.written[batch] = content
+        step()
+        lake.committed_batch, lake.committed_end, lake.intent = batch, cut.end, None
+        lake.commits.append((batch, tuple(pending)))
+        pending.clear()
+        cutter.cut(cut, clock[0])
+
+    for _ in range(2000):
+        if lake.committed_end >= log[-1].resume:
+            return
+        if reader.available < len(log) and rng.random() < 0.3:
+            reader.available = min(len(log), reader.available + rng.randint(1, 5))
+        clock[0] += rng.random()
+        txs = reader.read()
+        step()
+        for tx in txs:
+            cut = cutter.before(tx.resume)
+            if cut is not None:
+                flush(cut)
+            pending.append(tx.ident)
+            cut = cutter.consumed(tx.resume, native(tx.resume), tx.events, clock[0])
+            step()
+            if cut is not None:
+                flush(cut)
+        if not txs:
+            cut = cutter.idle(reader.at, native(reader.at))
+            if cut is not None:
+                flush(cut)
+    raise AssertionError("the tailer never reached the end of the log (hung in replay?)")
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> list[Tx]:
+    sizes = draw(st.lists(st.integers(0, 3), min_size=1, max_size=40))
+    out, lsn = [], 100
+    for i, events in enumerate(sizes):
+        lsn += draw(st.integers(1, 50))
+        out.append(Tx(i, Position(lsn), events))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(log=logs(), seed=st.integers(0, 2**32 - 1), crashes=st.lists(st.integers(1, 40),
+                                                                     max_size=6))
+def test_replayed_batches_equal_written_and_nothing_is_lost(
+    log: list[Tx], seed: int, crashes: list[int]
+) -> None:
+    rng = random.Random(seed)
+    lake = Lake()
+    grow = [rng.randint(1, len(log)) for _ in range(len(crashes) + 1)]
+    for crash_after in [*crashes, None]:
+        try:
+            run_tailer(log, lake, rng, crash_after=crash_after, grow=grow)
+        except Crash:
+            continue
+    assert lake.committed_end == log[-1].resume
+    # Every committed batch is the written one; together they hold every tracked
+    # transaction exactly once, in log order.
+    for batch, content in lake.commits:
+        assert lake.written[batch][2] == content
+    assert [b for b, _ in lake.commits] == list(range(1, len(lake.commits) + 1))
+    committed = [t for _, content in lake.commits for t in content]
+    assert committed == [tx.ident for tx in log if tx.events]
+
+
+def test_a_transaction_past_the_recorded_end_closes_the_batch_first() -> None:
+    """The bug this module fixes: the recorded end lies after an untracked transaction, and
+    the next tracked transaction must not join the replayed batch."""
+    end = Cut(Position(300), {"lsn": 300})
+    cutter = BatchCutter(committed=Position(100), max_events=10, max_seconds=10, now=0,
+                         replay=end)
+    assert cutter.before(Position(200)) is None
+    assert cutter.consumed(Position(200), {"lsn": 200}, 1, 0) is None  # tracked, inside
+    assert cutter.before(Position(400)) == end  # past the end: close the batch first
+    with pytest.raises(ReplayMismatch):
+        cutter.consumed(Position(400), {"lsn": 400}, 1, 0)
+
+
+def test_idle_reader_past_the_recorded_end_closes_the_batch() -> None:
+    end = Cut(Position(300), {"lsn": 300})
+    cutter = BatchCutter(committed=Position(100), max_events=10, max_seconds=10, now=0,
+                         replay=end)
+    assert cutter.idle(Position(250), {"lsn": 250}) is None
+    assert cutter.idle(Position(300), {"lsn": 300}) == end
+    assert cutter.idle(Position(900), {"lsn": 900}) == end  # reader skipped further
+
+
+def test_idle_moves_past_untracked_transactions() -> None:
+    cutter = BatchCutter(committed=Position(100), max_events=10, max_seconds=10, now=0)
+    assert cutter.idle(Position(100), {"lsn": 100}) is None
+    assert cutter.idle(Position(150), {"lsn": 150}) == Cut(Position(150), {"lsn": 150})
+
+
+def test_a_recorded_end_before_the_committed_position_is_refused() -> None:
+    with pytest.raises(ReplayMismatch):
+        BatchCutter(committed=Position(500), max_events=1, max_seconds=1, now=0,
+                    replay=Cut(Position(400), {"lsn": 400}))
