@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from pipeline.errors import DblogError, LockHeld
+from pipeline.errors import DblogError, LeadershipLost, LockHeld
 
 if TYPE_CHECKING:
     from pipeline.tailer import Tailer, TailSummary
@@ -35,6 +35,11 @@ class BackgroundTailer:
                     self.external = False
                     return
                 except LockHeld:
+                    self.external = True
+                    self._stop.wait(1.0)
+                except LeadershipLost:
+                    # Our ZooKeeper session was interrupted: another tailer may write now.
+                    # Stand by like any other contender.
                     self.external = True
                     self._stop.wait(1.0)
         except BaseException as exc:  # surfaced by check()

@@ -52,17 +52,15 @@ def _tail(args: argparse.Namespace) -> int:
     config = _config(args)
     stop = _stop_on_signals()
     with open_runtime(config) as rt:
-        if args.from_head:
-            # After a purged log: start over at the head; a capture then restores full state.
-            rt.state.delete("batch-intent")
-            rt.state.delete("position")
-            print("tail: position reset to the head of the log; run `dblog capture` next")
 
         def report(b: Any) -> None:
             print(f"batch {b.batch}: {b.events} events, {len(b.emitted_windows)} chunks "
                   f"({b.rows_emitted} rows) emitted, lsn {b.position.lsn}", flush=True)
 
-        summary = rt.tailer(on_batch=report).run(stop=stop, until_caught_up=args.until_caught_up)
+        summary = rt.tailer(on_batch=report).run(stop=stop, until_caught_up=args.until_caught_up,
+                                                 reset_to_head=args.from_head)
+        if args.from_head:
+            print("tail: position reset to the head of the log; run `dblog capture` next")
     print(f"tailed {summary.events} events in {summary.batches} batches")
     return 0
 
@@ -117,6 +115,11 @@ def _set_status(args: argparse.Namespace) -> int:
                 continue
             rt.state.set_capture_status(cap.capture_id, target, found.version)  # type: ignore[arg-type]
             print(f"capture {cap.capture_id}: {cap.status} -> {target}")
+            if target == "cancelled":
+                # Its open windows would otherwise pin the tailer's restart position.
+                aborted = rt.state.abort_open_windows(cap.capture_id, "the capture was cancelled")
+                if aborted:
+                    print(f"capture {cap.capture_id}: {len(aborted)} open windows aborted")
         if target != "running":
             return 0
         runnable = [f.value.capture_id for f in rt.state.list_captures()

@@ -56,6 +56,7 @@ class TailConfig:
     batch_max_events: int = 20000
     batch_max_seconds: float = 2.0
     poll_seconds: float = 0.5
+    window_expiry_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         batch_max_seconds=_positive(tail_data.get("batch_max_seconds", 2.0),
                                     "tail.batch_max_seconds", float),
         poll_seconds=_positive(tail_data.get("poll_seconds", 0.5), "tail.poll_seconds", float),
+        window_expiry_s=_positive(tail_data.get("window_expiry_s", 1800.0),
+                                  "tail.window_expiry_s", float),
     )
     spark = data.get("spark") or {}
     return PipelineConfig(

@@ -41,3 +41,7 @@ class StateConflict(TransientError):
 
 class LockHeld(DblogError):
     """Another process holds the lock (e.g. another tailer runs for the source)."""
+
+
+class LeadershipLost(TransientError):
+    """This process no longer holds the tailer lock: it must stop writing at once."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Final, Generic, Literal, TypeVar, cast, get_args
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
@@ -47,7 +48,7 @@ from kazoo.recipe.lock import Lock
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from pipeline.chunking import KeyRange
-from pipeline.errors import DblogError, LockHeld, StateConflict, TransientError
+from pipeline.errors import DblogError, LeadershipLost, LockHeld, StateConflict, TransientError
 from pipeline.events import Key, Position, TableId, Window, key_from_json, key_to_json
 
 __all__ = [
@@ -118,6 +119,16 @@ class PositionState:
     """Source-native coordinate: ``{"file": ..., "pos": ...}`` or ``{"lsn": "0/16B3748"}``."""
     batch: int
     updated_at_ms: int = field(default_factory=lambda: _now_ms())
+    generation: str = ""
+    """Names this line of batch numbers. A position created afresh (first start, a reset to
+    the head, a new ZooKeeper root) gets a new generation, so its batch numbers never meet
+    the idempotent-write versions an earlier line left in the lake (see ``txn_app_id``)."""
+    commit_ts_ms: int | None = None
+    """Source commit time of the last transaction in the committed batches (lag in time)."""
+
+    def txn_app_id(self, source: str) -> str:
+        """Delta's idempotent-write application id for this line of batches."""
+        return f"dblog:{source}" + (f":{self.generation}" if self.generation else "")
 
     def to_json(self) -> Doc:
         return {
@@ -125,15 +136,20 @@ class PositionState:
             "source_position": dict(self.source_position),
             "batch": self.batch,
             "updated_at_ms": self.updated_at_ms,
+            "generation": self.generation,
+            "commit_ts_ms": self.commit_ts_ms,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PositionState:
+        ts = d.get("commit_ts_ms")
         return cls(
             Position.from_json(d["position"]),
             dict(d["source_position"]),
             int(d["batch"]),
             int(d["updated_at_ms"]),
+            str(d.get("generation", "")),
+            int(ts) if ts is not None else None,
         )
 
 
@@ -145,6 +161,9 @@ class BatchIntent:
     start: Mapping[str, Any]
     end: Mapping[str, Any]
     created_at_ms: int = field(default_factory=lambda: _now_ms())
+    windows: Mapping[str, str] = field(default_factory=dict)
+    """Window id -> ``emitted``/``aborted``: the outcomes the batch holds (a replay must
+    rebuild exactly these)."""
 
     def to_json(self) -> Doc:
         return {
@@ -152,11 +171,13 @@ class BatchIntent:
             "start": dict(self.start),
             "end": dict(self.end),
             "created_at_ms": self.created_at_ms,
+            "windows": dict(self.windows),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BatchIntent:
-        return cls(int(d["batch"]), dict(d["start"]), dict(d["end"]), int(d["created_at_ms"]))
+        return cls(int(d["batch"]), dict(d["start"]), dict(d["end"]), int(d["created_at_ms"]),
+                   {str(k): str(v) for k, v in dict(d.get("windows") or {}).items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +342,9 @@ class StateStore:
         self.source = source
         self.root = "/" + "/".join([*parts, source])
         self._zk = client
+        self._session_lost = threading.Event()
+        self._lock_node: str | None = None
+        client.add_listener(self._on_connection_state)
         # Bounded: kazoo's default command retry retries forever while ZooKeeper is down.
         self._retry = KazooRetry(
             max_tries=3, deadline=10.0, ignore_expire=False, sleep_func=client.handler.sleep_func
@@ -352,6 +376,12 @@ class StateStore:
     def close(self) -> None:
         """End the session (releasing any held lock) and free the client."""
         _stop(self._zk)
+
+    def _on_connection_state(self, state: str) -> None:
+        # Runs on kazoo's event thread: only flag it. A suspended session may already have
+        # expired on the server, and a standby may hold the lock: writes stop either way.
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            self._session_lost.set()
 
     def __enter__(self) -> StateStore:
         return self
@@ -460,8 +490,22 @@ class StateStore:
         return self.put(POSITION, state.to_json(), expected_version)
 
     def put_batch_intent(self, batch: int, start: Mapping[str, Any], end: Mapping[str, Any]) -> int:
-        """Record (overwriting) the batch about to be written; cleared by :meth:`commit_batch`."""
+        """Write an intent unconditionally (tools and tests; the tailer uses
+        :meth:`create_batch_intent`, which is fenced by the position's version)."""
         return self.put(BATCH_INTENT, BatchIntent(batch, start, end).to_json(), None)
+
+    def create_batch_intent(self, intent: BatchIntent, position_version: int) -> int:
+        """Record the batch about to be written, only if the position is still at
+        ``position_version`` and no intent exists (:class:`StateConflict` otherwise: another
+        tailer moved on, or a batch is pending). Cleared by :meth:`commit_batch`."""
+        tx = self._zk.transaction()
+        tx.check(self._abs(POSITION), position_version)
+        tx.create(self._abs(BATCH_INTENT), _encode(intent.to_json(), BATCH_INTENT))
+        with _zk_errors("create batch intent"):
+            results = tx.commit()
+        _raise_tx_failure(results, [f"check {POSITION}", f"create {BATCH_INTENT}"],
+                          f"intent of batch {intent.batch}")
+        return 0
 
     def get_batch_intent(self) -> Versioned[BatchIntent] | None:
         """The pending batch intent, if a batch was started but not committed."""
@@ -503,21 +547,52 @@ class StateStore:
     def remove_window(self, window_id: str, expected_version: int | None = None) -> bool:
         return self.delete(_window_path(window_id), expected_version)
 
+    def abort_open_windows(self, capture_id: str | None, reason: str) -> list[str]:
+        """Abort the registered windows of ``capture_id`` (``None``: of every capture), except
+        those a pending batch intent records (the tailer must rebuild that batch as it was
+        written). Returns the ids aborted."""
+        intent = self.get_batch_intent()
+        protected = set(intent.value.windows) if intent is not None else set()
+        aborted = []
+        for found in self.list_windows():
+            ws = found.value
+            wid = ws.window.window_id
+            if ws.status != "registered" or wid in protected:
+                continue
+            if capture_id is not None and ws.extra.get("capture_id") != capture_id:
+                continue
+            try:
+                self.set_window_status(wid, "aborted", reason, found.version)
+            except StateConflict:
+                continue  # the tailer settled it meanwhile
+            aborted.append(wid)
+        return aborted
+
     # ---- captures and range progress ---------------------------------------------------
 
     def create_capture(
-        self, capture_id: str, tables: Sequence[TableId], spec: Mapping[str, Any]
+        self,
+        capture_id: str,
+        tables: Sequence[TableId],
+        spec: Mapping[str, Any],
+        ranges: Mapping[str, RangeProgress] | None = None,
     ) -> Versioned[CaptureState]:
-        """Create a running capture; :class:`StateConflict` if the id is taken."""
+        """Create a running capture with its key ranges, all or nothing;
+        :class:`StateConflict` if the id is taken."""
         state = CaptureState(capture_id, tuple(tables), dict(spec))
         path = _capture_path(capture_id)
+        ops = [f"create {path}", f"create {path}/ranges"]
         with _zk_errors(f"create {path}"):
             self._zk.ensure_path(self._abs(CAPTURES))
             tx = self._zk.transaction()
             tx.create(self._abs(path), _encode(state.to_json(), path))
             tx.create(self._abs(f"{path}/ranges"))
+            for range_id, progress in (ranges or {}).items():
+                rpath = _range_path(capture_id, range_id)
+                tx.create(self._abs(rpath), _encode(progress.to_json(), rpath))
+                ops.append(f"create {rpath}")
             results = tx.commit()
-        _raise_tx_failure(results, [f"create {path}", f"create {path}/ranges"])
+        _raise_tx_failure(results, ops)
         return Versioned(state, 0)
 
     def get_capture(self, capture_id: str) -> Versioned[CaptureState] | None:
@@ -606,10 +681,14 @@ class StateStore:
                 add("create", path, tx.create, data)
             else:
                 add("set", path, tx.set_data, data, r.expected_version)
+        written_windows: list[WindowUpdate] = []
         for w in windows:
+            if w.expected_version is None and self.get_window(w.window_id) is None:
+                continue  # settled and forgotten by its capture meanwhile: nothing to record
             new, version = self._window_update(w)
             path = _window_path(w.window_id)
             add("set", path, tx.set_data, _encode(new.to_json(), path), version)
+            written_windows.append(w)
         if clear_intent:
             intent = self.get_batch_intent()
             if intent is not None:
@@ -631,7 +710,7 @@ class StateStore:
             next(it)  # the check
         position_version = new_version(next(it))
         range_versions = {(r.capture_id, r.range_id): new_version(next(it)) for r in ranges}
-        window_versions = {w.window_id: new_version(next(it)) for w in windows}
+        window_versions = {w.window_id: new_version(next(it)) for w in written_windows}
         return CommitResult(position_version, range_versions, window_versions)
 
     # ---- tailer lock -------------------------------------------------------------------
@@ -657,14 +736,32 @@ class StateStore:
                 f"tailer lock for source {self.source} is held by {holder or 'an unknown holder'}"
                 f" (waited {timeout:g}s)"
             )
+        self._session_lost.clear()
+        self._lock_node = f"{lock.path}/{lock.node}" if lock.node else None
         try:
             yield
         finally:
+            self._lock_node = None
             with _zk_errors("release tailer lock"):
                 try:
                     lock.release()
-                except SessionExpiredError:
+                except (SessionExpiredError, ConnectionLoss):
                     pass  # session over (or store closed): ZooKeeper already dropped the lock
+
+    def check_leader(self) -> None:
+        """Raise :class:`LeadershipLost` unless this store still holds the tailer lock on an
+        uninterrupted ZooKeeper session. The tailer calls it before every write."""
+        if self._lock_node is None:
+            raise LeadershipLost(f"the tailer lock for source {self.source} is not held")
+        if self._session_lost.is_set():
+            raise LeadershipLost(
+                f"the ZooKeeper session of the tailer for {self.source} was suspended or lost; "
+                "another tailer may have taken over, so this one stops writing"
+            )
+        with _zk_errors("check tailer lock"):
+            found = self._zk.exists(self._lock_node)
+        if found is None or found.ephemeralOwner != self._zk.client_id[0]:
+            raise LeadershipLost(f"the tailer lock for source {self.source} was lost")
 
     def lock_holder(self) -> str | None:
         """The identifier of the current tailer-lock holder, or ``None`` if it is free."""

@@ -19,16 +19,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.errors import StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
+    ABSENT,
+    BATCH_INTENT,
+    BatchIntent,
     CommitResult,
     PositionState,
     RangeProgress,
@@ -49,6 +54,13 @@ log = logging.getLogger(__name__)
 
 CHUNKS = "chunks"
 """ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
+EXPIRY_CHECK_S = 30.0
+"""How often a busy tailer looks for expired windows (an idle one looks at every poll)."""
+
+
+def new_generation() -> str:
+    """A fresh name for a line of batch numbers (see ``PositionState.generation``)."""
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,9 @@ class TailOptions:
     batch_max_seconds: float = 2.0
     poll_seconds: float = 0.5
     read_transactions: int = 2000
+    window_expiry_s: float = 1800.0
+    """A registered window whose high watermark is not seen within this many seconds of
+    its registration is aborted (0: never)."""
 
 
 @dataclass
@@ -137,6 +152,9 @@ class Tailer:
         self._settled: set[str] = set()
         """Windows this tailer emitted or aborted; a repeated high watermark (a restarted
         capture writes it again) must never reopen them, even before ZooKeeper shows it."""
+        self._replay_outcomes: dict[str, str] | None = None
+        """While a recorded batch is rebuilt: the window outcomes it must hold."""
+        self._last_expiry = 0.0
 
     # ---- public -----------------------------------------------------------------------
 
@@ -147,11 +165,16 @@ class Tailer:
         until_caught_up: bool = False,
         max_batches: int | None = None,
         lock_timeout: float = 5.0,
+        reset_to_head: bool = False,
     ) -> TailSummary:
-        """Hold the tailer lock and tail until ``stop`` is set (or caught up / max batches)."""
+        """Hold the tailer lock and tail until ``stop`` is set (or caught up / max batches).
+
+        ``reset_to_head``: first forget the stored position and start at the head of the log
+        (after a purged log; a capture then restores the full state).
+        """
         stop = stop or threading.Event()
         with self.state.tailer_lock(self.identifier, timeout=lock_timeout):
-            return self._run(stop, until_caught_up, max_batches)
+            return self._run(stop, until_caught_up, max_batches, reset_to_head)
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -160,7 +183,8 @@ class Tailer:
         if found is not None:
             return found
         head = self.dialect.head_position()
-        start = PositionState(self.dialect.to_position(head), dict(head), batch=0)
+        start = PositionState(self.dialect.to_position(head), dict(head), batch=0,
+                              generation=new_generation())
         self.state.commit_batch(start, None, clear_intent=False)
         found = self.state.get_position()
         assert found is not None
@@ -186,26 +210,42 @@ class Tailer:
                 except ValueError as exc:  # clashing watermark values: never emit it
                     log.warning("window %s not registered: %s", wid, exc)
 
-    def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None
-             ) -> TailSummary:
+    def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None,
+             reset_to_head: bool) -> TailSummary:
         summary = TailSummary()
+        if reset_to_head:
+            self._reset_to_head()
         committed = self._initial_position()
-        intent = self.state.get_batch_intent()
+        replay = self._pending_replay(committed)
+        self._expire_windows()
         self._refresh_windows()
         start = dict(committed.value.source_position)
         for ws in self._window_docs.values():
             lw_resume = ws.extra.get("lw_resume")
             if lw_resume and self.dialect.to_position(lw_resume) < self.dialect.to_position(start):
                 start = dict(lw_resume)
+        # Transactions up to the committed position were written already: they are re-read
+        # (warm-up) only so that open windows see their keys again.
         warm_until = self.dialect.to_position(committed.value.source_position)
-        replay_end: Position | None = None
-        if intent is not None and intent.value.batch == committed.value.batch + 1:
-            replay_end = self.dialect.to_position(intent.value.end)
-        # (the replayed batch ends at the transaction whose resume position is intent.end)
-        batch_no = committed.value.batch + 1
+        cutter = BatchCutter(committed=warm_until, max_events=self.options.batch_max_events,
+                             max_seconds=self.options.batch_max_seconds,
+                             now=time.monotonic(), replay=replay)
         pending = _Pending(start=dict(committed.value.source_position))
         last_resume: Mapping[str, Any] = start
         reader = self.dialect.open_log(start, self.tables)
+
+        def cut_at(cut: Cut) -> bool:
+            """Write and commit the pending batch; True when enough batches were written."""
+            nonlocal committed, pending
+            pending.end, pending.end_position = dict(cut.native), cut.end
+            committed = self._flush(pending, committed.value.batch + 1, committed, summary)
+            cutter.cut(cut, time.monotonic())
+            self._replay_outcomes = None
+            pending = _Pending(start=dict(committed.value.source_position))
+            if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
+                self._expire_windows()
+            return max_batches is not None and summary.batches >= max_batches
+
         try:
             while not stop.is_set():
                 txs = reader.read(
@@ -213,54 +253,97 @@ class Tailer:
                     max_wait_s=self.options.poll_seconds,
                 )
                 for tx in txs:
-                    # Already committed: re-read only so open windows see their keys again.
-                    warm = self.dialect.to_position(tx.resume) <= warm_until
-                    self._consume(tx, pending, last_resume, warm)
-                    last_resume = tx.resume
-                    if warm:
+                    resume = self.dialect.to_position(tx.resume)
+                    if resume <= warm_until:
+                        self._consume(tx, pending, last_resume, warm=True)
+                        last_resume = tx.resume
                         continue
-                    full = (
-                        pending.events >= self.options.batch_max_events
-                        or time.monotonic() - pending.opened >= self.options.batch_max_seconds
-                    )
-                    done_replay = (
-                        replay_end is not None
-                        and self.dialect.to_position(tx.resume) >= replay_end
-                    )
-                    if done_replay or (
-                        replay_end is None and full
-                    ):
-                        committed = self._flush(pending, batch_no, committed, summary)
-                        batch_no += 1
-                        replay_end = None
-                        pending = _Pending(start=dict(committed.value.source_position))
-                        if max_batches is not None and summary.batches >= max_batches:
-                            return summary
-                if not txs and replay_end is None:
-                    self._skip_untracked(reader, pending, committed.value)
-                    if not pending.empty:
-                        committed = self._flush(pending, batch_no, committed, summary)
-                        batch_no += 1
-                        pending = _Pending(start=dict(committed.value.source_position))
-                        if max_batches is not None and summary.batches >= max_batches:
-                            return summary
-                    elif until_caught_up:
+                    cut = cutter.before(resume)
+                    if cut is not None and cut_at(cut):
                         return summary
+                    events_before = pending.events
+                    self._consume(tx, pending, last_resume, warm=False)
+                    last_resume = tx.resume
+                    cut = cutter.consumed(resume, tx.resume, pending.events - events_before,
+                                          time.monotonic())
+                    if cut is not None and cut_at(cut):
+                        return summary
+                if txs:
+                    continue
+                here = getattr(reader, "resume", None)
+                cut = (cutter.idle(self.dialect.to_position(here), here) if here
+                       else cutter.pending)
+                if cut is not None:
+                    if cut_at(cut):
+                        return summary
+                elif until_caught_up and not cutter.replaying:
+                    return summary
+                if not cutter.replaying:
                     self._refresh_windows()
+                    self._expire_windows()
             return summary
         finally:
             reader.close()
 
-    def _skip_untracked(self, reader: Any, pending: _Pending, committed: PositionState) -> None:
-        """Idle: move the position past transactions of untracked tables the reader skipped."""
-        resume = getattr(reader, "resume", None)
-        if not resume:
+    def _reset_to_head(self) -> None:
+        """Start over at the head of the log (after a purged log; a capture then restores
+        the full state): a new generation of batch numbers, no pending batch, no open
+        window. Runs under the tailer lock."""
+        self.state.clear_batch_intent()
+        aborted = self.state.abort_open_windows(None, "the tailer was reset to the head")
+        head = self.dialect.head_position()
+        new = PositionState(self.dialect.to_position(head), dict(head), batch=0,
+                            generation=new_generation())
+        current = self.state.get_position()
+        self.state.put_position(new, current.version if current is not None else ABSENT)
+        log.warning("position reset to the head %s (generation %s); %d open windows aborted",
+                    dict(head), new.generation, len(aborted))
+
+    def _pending_replay(self, committed: Versioned[PositionState]) -> Cut | None:
+        """The recorded batch to rebuild exactly, if the last run crashed while writing it."""
+        intent = self.state.get_batch_intent()
+        if intent is None:
+            return None
+        if intent.value.batch != committed.value.batch + 1:
+            # Left over from before a reset (commit_batch clears the intent it commits).
+            log.warning("dropping a stale batch intent for batch %d (committed: %d)",
+                        intent.value.batch, committed.value.batch)
+            self.state.delete(BATCH_INTENT, intent.version)
+            return None
+        if dict(intent.value.start) != dict(committed.value.source_position):
+            raise ReplayMismatch(
+                f"batch {intent.value.batch} was recorded to start at {dict(intent.value.start)}"
+                f", but the committed position is {dict(committed.value.source_position)}: "
+                "the ZooKeeper state was changed by hand; run `dblog tail --from-head` and a "
+                "capture"
+            )
+        self._replay_outcomes = dict(intent.value.windows)
+        return Cut(self.dialect.to_position(intent.value.end), dict(intent.value.end))
+
+    def _expire_windows(self) -> None:
+        """Abort registered windows older than the expiry: their capture crashed, was
+        cancelled or timed out; left open they would pin the restart position forever."""
+        self._last_expiry = time.monotonic()
+        expiry = self.options.window_expiry_s
+        if expiry <= 0:
             return
-        here = self.dialect.to_position(resume)
-        latest = pending.end if pending.end is not None else committed.source_position
-        if here > self.dialect.to_position(latest):
-            pending.end = dict(resume)
-            pending.end_position = here
+        oldest = int((time.time() - expiry) * 1000)
+        protected = set(self._settled) | set(self._replay_outcomes or ())
+        for found in self.state.list_windows():
+            ws = found.value
+            wid = ws.window.window_id
+            if ws.status != "registered" or ws.created_at_ms > oldest or wid in protected:
+                continue
+            try:
+                self.state.set_window_status(
+                    wid, "aborted", f"expired: no high watermark within {expiry:g}s",
+                    found.version,
+                )
+            except StateConflict:
+                continue  # settled or noted meanwhile: looked at again next time
+            log.warning("window %s of %s expired after %gs", wid, ws.window.table, expiry)
+            self._proc.discard(wid)
+            self._window_docs.pop(wid, None)
 
     def _consume(
         self, tx: Transaction, pending: _Pending, resume_before: Mapping[str, Any], warm: bool
@@ -268,6 +351,8 @@ class Tailer:
         """Feed one transaction's items to the window processor (warm-up: keys only)."""
         for item in tx.items:
             if isinstance(item, SchemaChange):
+                if item.resets_rows and item.table in self._tracked:
+                    self._table_reset(item, pending, warm)
                 continue
             if isinstance(item, ChangeEvent) and item.table not in self._tracked:
                 continue
@@ -300,6 +385,21 @@ class Tailer:
             pending.end = tx.resume
             pending.end_position = tx.position
             pending.commit_ts_ms = tx.commit_ts_ms
+
+    def _table_reset(self, change: SchemaChange, pending: _Pending, warm: bool) -> None:
+        """TRUNCATE / DROP of a tracked table: every row before it is gone. A chunk of that
+        table selected inside an open window may hold rows from before it: abort those."""
+        for w in self._proc.active_windows:
+            if w.table == change.table:
+                self._proc.discard(w.window_id)
+                if not warm:
+                    self._abort(w.window_id, "the table was truncated or dropped inside the "
+                                "window", pending)
+        if not warm:
+            log.warning("%s: %s at %s; the lake table is emptied at that position",
+                        change.table, change.statement[:80], change.position)
+            pending.table(change.table).truncates.append(change.position)
+            pending.events += 1
 
     # ---- chunk emissions and range progress ---------------------------------------------
 
@@ -360,6 +460,34 @@ class Tailer:
 
     # ---- commit -------------------------------------------------------------------------
 
+    def _record_intent(self, pending: _Pending, batch_no: int,
+                       committed: Versioned[PositionState]) -> None:
+        """Write ahead what batch ``batch_no`` holds; a replay must match the record."""
+        assert pending.end is not None
+        outcomes = {w: u.status for w, u in pending.window_updates.items()
+                    if u.status != "registered"}
+        found = self.state.get_batch_intent()
+        if found is None:
+            intent = BatchIntent(batch_no, dict(pending.start), dict(pending.end),
+                                 windows=outcomes)
+            self.state.create_batch_intent(intent, committed.version)
+            return
+        recorded = found.value
+        if recorded.batch != batch_no:
+            raise StateConflict(f"a batch intent for batch {recorded.batch} appeared while "
+                                f"batch {batch_no} was built: another tailer is writing")
+        differences = []
+        if dict(recorded.end) != dict(pending.end):
+            differences.append(f"end {dict(pending.end)} instead of {dict(recorded.end)}")
+        if dict(recorded.windows) != outcomes:
+            differences.append(f"windows {outcomes} instead of {dict(recorded.windows)}")
+        if differences:
+            raise ReplayMismatch(
+                f"replayed batch {batch_no} differs from the batch written before the crash "
+                f"({'; '.join(differences)}); nothing was written. Run `dblog tail "
+                "--from-head` and a capture to start over"
+            )
+
     def _commit(self, new_state: PositionState, expected: int, ranges: list[RangeUpdate],
                 windows: list[WindowUpdate]) -> CommitResult:
         def still_ours() -> bool:
@@ -380,9 +508,9 @@ class Tailer:
     ) -> Versioned[PositionState]:
         assert pending.end is not None and pending.end_position is not None
         began = time.monotonic()
-        intent = self.state.get_batch_intent()
-        if intent is None or intent.value.batch != batch_no:
-            self.state.put_batch_intent(batch_no, pending.start, pending.end)
+        self.state.check_leader()
+        self._record_intent(pending, batch_no, committed)
+        app_id = committed.value.txn_app_id(self.state.source)
         metadata = {
             "dblog.batch": batch_no,
             "dblog.from_lsn": committed.value.position.lsn,
@@ -400,7 +528,8 @@ class Tailer:
                 self.sink.ensure_schema(schema)
             if not self.sink.known_columns(table):
                 self.sink.ensure_schema(self.dialect.table_schema(table))
-            _, results = self.sink.write_table_batch(tb, batch_no, metadata)
+            self.state.check_leader()
+            _, results = self.sink.write_table_batch(tb, batch_no, metadata, app_id=app_id)
             crash_point("tail.after_table_write")
             for r in results:
                 emitted_rows[r.window_id] = r.rows_emitted
@@ -431,7 +560,12 @@ class Tailer:
             cur = self._ranges[key]
             ranges.append(RangeUpdate(key[0], key[1], cur.value, cur.version))
         crash_point("tail.after_delta")
-        new_state = PositionState(pending.end_position, dict(pending.end), batch_no)
+        self.state.check_leader()
+        new_state = PositionState(
+            pending.end_position, dict(pending.end), batch_no,
+            generation=committed.value.generation,
+            commit_ts_ms=pending.commit_ts_ms or committed.value.commit_ts_ms,
+        )
         result = self._commit(new_state, committed.version, ranges,
                               list(pending.window_updates.values()))
         for key in touched:

@@ -53,12 +53,15 @@ class TableSchema:
 
 @dataclass(frozen=True, slots=True)
 class SchemaChange:
-    """A DDL statement seen in the log for a tracked table (informational; events carry
-    their own column list, so decoding never depends on it)."""
+    """A DDL statement seen in the log for a tracked table. Events carry their own column
+    list, so decoding never depends on it; ``resets_rows`` marks the ones that empty it."""
 
     table: TableId
     statement: str
     position: Position
+    resets_rows: bool = False
+    """The statement removed every row of the table without row events (TRUNCATE, DROP
+    TABLE, DROP DATABASE): the lake table is emptied at ``position``."""
 
 
 LogItem = ChangeEvent | WatermarkEvent | SchemaChange

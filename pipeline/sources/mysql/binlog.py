@@ -13,6 +13,7 @@ Row images are decoded with the columns of the TABLE_MAP event that precedes the
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from pipeline.sources.mysql.connection import MySqlSettings, translate
 from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
 from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
 
+_COMMENTS = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
+_STATEMENT_WORDS = re.compile(r"[A-Z_]+")
 ONLY_EVENTS = [
     QueryEvent, XidEvent, RotateEvent, FormatDescriptionEvent, TableMapEvent, WriteRowsEvent,
     UpdateRowsEvent, DeleteRowsEvent, MariadbGtidEvent, HeartbeatLogEvent, StopEvent,
@@ -124,6 +127,19 @@ def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
         raise no_primary_key(table)
     schema = TableSchema(table, tuple(columns), key)
     return _Plan(table, schema, tuple(decoders), watermark)
+
+
+def resets_rows(query: str) -> bool:
+    """Whether a DDL statement removes every row of the tables it names without row events:
+    TRUNCATE [TABLE], DROP TABLE, DROP DATABASE/SCHEMA (comments and modifiers ignored)."""
+    words = _STATEMENT_WORDS.findall(_COMMENTS.sub(" ", query).upper())
+    words = [w for w in words if w not in ("TEMPORARY", "IF", "EXISTS", "NOT")]
+    if not words:
+        return False
+    if words[0] == "TRUNCATE":
+        return True
+    return words[0] == "DROP" and len(words) > 1 and words[1] in ("TABLE", "TABLES",
+                                                                  "DATABASE", "SCHEMA")
 
 
 class MySqlLogReader:
@@ -382,9 +398,10 @@ class MySqlLogReader:
             (t for t in self._tracked if t.database in databases and t not in hits), key=str
         )
         offset = int(event.packet.log_pos)
+        resets = resets_rows(query)
         for seq, table in enumerate(dict.fromkeys(hits)):
             position = Position.from_binlog(self._file_index, offset, seq)
-            self._buffer.append(("s", SchemaChange(table, query, position)))
+            self._buffer.append(("s", SchemaChange(table, query, position, resets)))
         if self._in_txn and not self._standalone:
             return None
         return self._commit(event)

@@ -1,0 +1,348 @@
+"""Failure paths that used to lose data without any error: each reproduced against the real
+services, each must now recover exactly or stop with a clear error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.events import TableId
+from pipeline.runtime import open_runtime
+from pipeline.sample import config_dict, connect, q
+from pipeline.services import Endpoints
+from pipeline.verify import verify_table
+
+pytestmark = pytest.mark.integration
+
+
+def make_db(ep: Endpoints, ddl: list[str]) -> str:
+    db = f"loss_{uuid.uuid4().hex[:8]}"
+    conn = connect(ep)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {q(db)}")
+        for statement in ddl:
+            cur.execute(statement.format(db=q(db)))
+    conn.close()
+    return db
+
+
+def execute(ep: Endpoints, db: str, *statements: str) -> None:
+    conn = connect(ep, db)
+    with conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+    conn.close()
+
+
+def write_cfg(path: Path, ep: Endpoints, tables: list[str], server_id: int) -> Path:
+    config = config_dict(source=f"loss-{uuid.uuid4().hex[:8]}", ep=ep, tables=tables,
+                         lake=path.parent / "lake", server_id=server_id, chunk_size=50,
+                         batch_seconds=0.3, poll_seconds=0.2)
+    path.write_text(yaml.safe_dump(config, allow_unicode=True))
+    return path
+
+
+def dblog(config: Path, *args: str, password: str, fault: str | None = None) -> tuple[int, str]:
+    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password}
+    env.pop("DBLOG_FAULT", None)
+    if fault:
+        env["DBLOG_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "-c", str(config), *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"dblog {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.returncode, proc.stdout
+
+
+def wait_lock_free(config: Path, timeout: float = 60) -> None:
+    """A SIGKILLed tailer's ZooKeeper session holds the lock until it expires."""
+    deadline = time.monotonic() + timeout
+    with open_runtime(load_config(config), validate=False) as rt:
+        while rt.state.lock_holder() is not None:
+            assert time.monotonic() < deadline, "the dead tailer's lock never expired"
+            time.sleep(0.5)
+
+
+def test_a_crash_after_the_delta_write_loses_no_later_transaction(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch intent ended after an untracked transaction; on replay the next tracked
+    transaction joined the crashed batch, Delta skipped it as already written."""
+    pw = services.mariadb_password
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
+    db = make_db(services, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+                            "CREATE TABLE {db}.u (id INT PRIMARY KEY)"])
+    cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7901)
+    assert dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
+    execute(services, db, "INSERT INTO t VALUES (1, 1)", "INSERT INTO u VALUES (1)")
+    code, _ = dblog(cfg, "tail", "--until-caught-up", password=pw, fault="tail.after_delta:1")
+    assert code == -9
+    execute(services, db, "INSERT INTO t VALUES (3, 3)")
+    wait_lock_free(cfg)
+    assert dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
+    with open_runtime(load_config(cfg), spark=spark) as rt:
+        report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
+        assert report.ok, report.summary()
+
+
+def test_tail_from_head_keeps_every_later_change(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tail --from-head` restarted batch numbers at 0 while the lake held higher ones:
+    Delta skipped every later batch as already written."""
+    pw = services.mariadb_password
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
+    db = make_db(services, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7902)
+    config = load_config(cfg)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        for i in range(1, 6):  # a few batches in the lake
+            execute(services, db, f"INSERT INTO t VALUES ({i}, {i})")  # noqa: S608
+            rt.tailer().run(until_caught_up=True)
+    code, out = dblog(cfg, "tail", "--from-head", "--until-caught-up", password=pw)
+    assert code == 0 and "capture" in out
+    execute(services, db, "UPDATE t SET v = v + 100", "INSERT INTO t VALUES (10, 10)",
+            "INSERT INTO t VALUES (11, 11)")
+    code, out = dblog(cfg, "tail", "--until-caught-up", password=pw)
+    assert code == 0 and "tailed 0 events" not in out, out
+    with open_runtime(config, spark=spark) as rt:
+        report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
+        assert report.ok, report.summary()
+
+
+def sample_table(ep: Endpoints, rows: int = 0) -> str:
+    db = make_db(ep, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    if rows:
+        conn = connect(ep, db)
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, rows + 1)])
+        conn.close()
+    return db
+
+
+def config_for(tmp_path: Path, ep: Endpoints, db: str, server_id: int, **tail: Any) -> Any:
+    raw = config_dict(source=f"loss-{uuid.uuid4().hex[:8]}", ep=ep, tables=[f"{db}.t"],
+                      lake=tmp_path / "lake", server_id=server_id, chunk_size=50,
+                      batch_seconds=0.3, poll_seconds=0.2)
+    raw["tail"].update(tail)
+    from pipeline.config import parse_config
+
+    return parse_config(raw)
+
+
+def changelog_count(spark: Any, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return 0
+    return int(spark.read.format("delta").load(path).count())
+
+
+def test_a_tailer_whose_session_is_lost_stops_writing(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fencing: after a ZooKeeper session loss a standby takes the lock while the old
+    process keeps writing. Now the old one stops before its next write."""
+    import threading
+
+    from kazoo.client import KazooClient
+
+    from pipeline.errors import LeadershipLost
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services)
+    config = config_for(tmp_path, services, db, 7903)
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        execute(services, db, "INSERT INTO t VALUES (1, 1)")
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def tail() -> None:
+            try:
+                rt.tailer().run(stop=stop)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                failure.append(exc)
+
+        worker = threading.Thread(target=tail, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 120
+        while changelog_count(spark, rt.layout.changelog(table)) < 1:
+            assert time.monotonic() < deadline and worker.is_alive(), failure
+            time.sleep(0.2)
+        # Expire the tailer's session from outside, as a long pause or partition would.
+        session_id, session_password = rt.state._zk.client_id
+        thief = KazooClient(hosts=config.zookeeper_hosts, client_id=(session_id,
+                                                                     session_password))
+        thief.start(timeout=10)
+        thief.stop()
+        thief.close()
+        deadline = time.monotonic() + 60
+        while not rt.state._session_lost.is_set():
+            assert time.monotonic() < deadline, "the session loss was never noticed"
+            time.sleep(0.1)
+        execute(services, db, "INSERT INTO t VALUES (2, 2)")
+        worker.join(60)
+        stop.set()
+        assert not worker.is_alive(), "the tailer went on after losing its session"
+        assert failure and isinstance(failure[0], LeadershipLost), failure
+        assert changelog_count(spark, rt.layout.changelog(table)) == 1
+
+
+def test_the_batch_intent_is_compare_and_set(services: Endpoints, tmp_path: Path) -> None:
+    from pipeline.errors import StateConflict
+    from pipeline.events import Position
+    from pipeline.state import BatchIntent, PositionState, StateStore
+
+    with StateStore.connect(services.zk_hosts, f"intent-{uuid.uuid4().hex[:8]}",
+                            chroot="dblog-test") as store:
+        store.commit_batch(PositionState(Position(10), {"lsn": 10}, 1), None,
+                           clear_intent=False)
+        position = store.get_position()
+        assert position is not None
+        store.create_batch_intent(BatchIntent(2, {"lsn": 10}, {"lsn": 20}), position.version)
+        with pytest.raises(StateConflict):  # a second writer cannot overwrite it
+            store.create_batch_intent(BatchIntent(2, {"lsn": 10}, {"lsn": 30}),
+                                      position.version)
+        store.commit_batch(PositionState(Position(20), {"lsn": 20}, 2), position.version)
+        with pytest.raises(StateConflict):  # a stale writer: the position moved on
+            store.create_batch_intent(BatchIntent(3, {"lsn": 20}, {"lsn": 40}),
+                                      position.version)
+        intent = store.get_batch_intent()
+        assert intent is None
+
+
+def test_a_window_update_for_a_forgotten_window_does_not_fail_the_commit(
+    services: Endpoints,
+) -> None:
+    """A capture's recovery deleted a window document the tailer was settling: the tailer
+    crashed after its Delta write, on every restart."""
+    from pipeline.events import Position, Window
+    from pipeline.state import PositionState, StateStore, WindowUpdate
+
+    with StateStore.connect(services.zk_hosts, f"gone-{uuid.uuid4().hex[:8]}",
+                            chroot="dblog-test") as store:
+        store.commit_batch(PositionState(Position(10), {"lsn": 10}, 1), None,
+                           clear_intent=False)
+        window = Window("w1", TableId("d", "t"), "low-1", "high-1")
+        store.register_window(window, {})
+        store.remove_window("w1")
+        position = store.get_position()
+        assert position is not None
+        store.commit_batch(PositionState(Position(20), {"lsn": 20}, 2), position.version,
+                           windows=[WindowUpdate("w1", "aborted", "never staged")])
+        moved = store.get_position()
+        assert moved is not None and moved.value.batch == 2
+
+
+def register_stale_window(rt: Any, table: TableId, capture_id: str) -> str:
+    from pipeline.events import Window
+
+    wid = uuid.uuid4().hex
+    window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
+    rt.state.register_window(window, {"capture_id": capture_id, "range_id": "r0",
+                                      "after_key": None})
+    rt.dialect.write_watermark(window.low)  # the capture died right after its low watermark
+    return wid
+
+
+def test_stale_windows_are_aborted_by_cancel_from_head_and_expiry(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipeline.capture import CaptureRequest
+    from pipeline.cli import main
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services, rows=20)
+    config = config_for(tmp_path, services, db, 7904, window_expiry_s=3)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_dict(
+        source=config.source.name, ep=services, tables=[f"{db}.t"], lake=tmp_path / "lake",
+        server_id=7904)))
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        capture_id = rt.capturer().plan(CaptureRequest((table,)))
+        cancelled = register_stale_window(rt, table, capture_id)
+        expiring = register_stale_window(rt, table, "some-crashed-capture")
+        rt.tailer().run(until_caught_up=True)  # sees both low watermarks
+        for wid in (cancelled, expiring):
+            found = rt.state.get_window(wid)
+            assert found is not None and found.value.status == "registered"
+            assert found.value.extra.get("lw_resume"), "the low watermark was not noted"
+    # cancel aborts the capture's open windows
+    assert main(["-c", str(cfg), "cancel", f"{db}.t"]) == 0
+    capsys.readouterr()
+    with open_runtime(config, spark=spark) as rt:
+        found = rt.state.get_window(cancelled)
+        assert found is not None and found.value.status == "aborted"
+        time.sleep(3.5)
+        rt.tailer().run(until_caught_up=True)  # the other one expires
+        found = rt.state.get_window(expiring)
+        assert found is not None and found.value.status == "aborted", found
+        assert "expired" in (found.value.detail or "")
+        # from-head aborts whatever is still open
+        third = register_stale_window(rt, table, "another")
+        rt.tailer().run(until_caught_up=True, reset_to_head=True)
+        found = rt.state.get_window(third)
+        assert found is not None and found.value.status == "aborted"
+
+
+def test_a_capture_without_ranges_is_never_done(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Creating a capture was not atomic: a crash after the capture document and before its
+    ranges left a capture that `resume` marked done without capturing anything."""
+    from pipeline.errors import DblogError
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services, rows=5)
+    config = config_for(tmp_path, services, db, 7905)
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.state.create_capture("half-made", (table,), {"keys": None, "where": None})
+        with pytest.raises(DblogError, match="no key ranges"):
+            rt.capturer().run("half-made")
+        found = rt.state.get_capture("half-made")
+        assert found is not None and found.value.status != "done"
+
+
+def test_truncate_and_drop_empty_the_lake_table(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services)
+    config = config_for(tmp_path, services, db, 7906)
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        execute(services, db, "INSERT INTO t VALUES (1, 1), (2, 2), (3, 3)",
+                "UPDATE t SET v = 20 WHERE id = 2")
+        rt.tailer().run(until_caught_up=True)
+        # In one batch: a change before the truncate, the truncate, rows after it.
+        execute(services, db, "UPDATE t SET v = 30 WHERE id = 3", "TRUNCATE TABLE t",
+                "INSERT INTO t VALUES (4, 4)")
+        rt.tailer().run(until_caught_up=True)
+        assert verify_table(rt.dialect, rt.sink, table).ok
+        execute(services, db, "DROP TABLE t",
+                "CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (5, 5)")
+        rt.tailer().run(until_caught_up=True)
+        report = verify_table(rt.dialect, rt.sink, table)
+        assert report.ok, report.summary()
+        ops = [r["op"] for r in spark.read.format("delta").load(rt.layout.changelog(table))
+               .orderBy("_dblog_lsn", "_dblog_seq").collect()]
+        assert ops.count("t") == 2
