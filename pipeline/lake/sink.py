@@ -25,7 +25,14 @@ from pyspark.sql import types as T
 from pipeline.errors import DblogError
 from pipeline.events import ChangeEvent, Op, TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.types import column_of, quote_ident, spark_type, struct_of
+from pipeline.lake.types import (
+    coerce,
+    column_of,
+    needs_coercion,
+    quote_ident,
+    spark_type,
+    struct_of,
+)
 from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
 
@@ -34,22 +41,32 @@ WINDOW_COLUMN = "_dblog_window_id"
 TABLE_PROPERTIES = {
     "delta.enableChangeDataFeed": "true",
     "delta.appendOnly": "false",
-    "delta.enableTypeWidening": "true",
 }
+"""Properties of every new changelog and mirror. Nothing a non-Spark reader (delta-rs)
+refuses: type widening is enabled on a table only when one of its columns widens, column
+mapping only where a name needs it."""
+TYPE_WIDENING = {"delta.enableTypeWidening": "true"}
+COLUMN_MAPPING = {
+    "delta.columnMapping.mode": "name",
+    "delta.minReaderVersion": "2",
+    "delta.minWriterVersion": "5",
+}
+TIMESTAMP_NTZ_FEATURE = {"delta.feature.timestampNtz": "supported"}
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 _PARQUET_UNSAFE = set(" ,;{}()\n\t=")
 
 
+def needs_column_mapping(column_names: Sequence[str]) -> bool:
+    """Whether a name is not Parquet-safe (spaces, commas, parentheses... are legal in
+    MariaDB and PostgreSQL names), so the table needs column mapping."""
+    return any(_PARQUET_UNSAFE & set(name) for name in column_names)
+
+
 def table_properties(column_names: Sequence[str]) -> dict[str, str]:
-    """Delta properties for a new table; column mapping where a name is not Parquet-safe
-    (spaces, commas, parentheses... are legal in MariaDB and PostgreSQL names)."""
+    """Delta properties for a new table; column mapping where a name is not Parquet-safe."""
     props = dict(TABLE_PROPERTIES)
-    if any(_PARQUET_UNSAFE & set(name) for name in column_names):
-        props.update({
-            "delta.columnMapping.mode": "name",
-            "delta.minReaderVersion": "2",
-            "delta.minWriterVersion": "5",
-        })
+    if needs_column_mapping(column_names):
+        props.update(COLUMN_MAPPING)
     return props
 
 
@@ -216,22 +233,68 @@ class DeltaSink:
         self._columns[table] = list(schema.columns)
         self._keys[table] = schema.key
 
-    def _add_columns(self, table: TableId, added: list[Column]) -> None:
-        def ddl(prefix: str) -> str:
-            return ", ".join(
-                f"{prefix}{quote_ident(c.name)} {spark_type(c.spark_type).simpleString()}"
-                for c in added
-            )
+    def _targets(self, table: TableId) -> list[tuple[str, str, dict[str, T.DataType]]]:
+        """The three places a column lives (changelog ``before.``/``after.``, mirror), each
+        with its lake path, column prefix and the fields it has now."""
+        changelog = self.layout.changelog(table)
+        mirror = self.layout.mirror(table)
+        log_schema = self.spark.read.format("delta").load(changelog).schema
+        mirror_schema_ = self.spark.read.format("delta").load(mirror).schema
+        out: list[tuple[str, str, dict[str, T.DataType]]] = []
+        for prefix in ("before", "after"):
+            struct = log_schema[prefix].dataType
+            assert isinstance(struct, T.StructType)
+            out.append((changelog, prefix + ".", {f.name: f.dataType for f in struct.fields}))
+        out.append((mirror, "", {f.name: f.dataType for f in mirror_schema_.fields}))
+        return out
 
-        changelog = quote_ident(self.layout.changelog(table))
-        mirror = quote_ident(self.layout.mirror(table))
-        self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('before.')})")
-        self.spark.sql(f"ALTER TABLE delta.{changelog} ADD COLUMNS ({ddl('after.')})")
-        self.spark.sql(f"ALTER TABLE delta.{mirror} ADD COLUMNS ({ddl('')})")
-        self._columns[table] = self._columns.get(table, []) + added
+    def _table_props(self, path: str) -> dict[str, str]:
+        detail = self.spark.sql(f"DESCRIBE DETAIL delta.{quote_ident(path)}").first()
+        assert detail is not None
+        return dict(detail["properties"] or {})
+
+    def _set_props(self, path: str, props: Mapping[str, str]) -> None:
+        """Set table properties the table does not have yet (one commit, or none)."""
+        current = self._table_props(path)
+        todo = {k: v for k, v in props.items() if current.get(k) != v}
+        if todo:
+            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in todo.items())
+            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} SET TBLPROPERTIES ({pairs})")
+
+    @staticmethod
+    def _features_for(types: Sequence[T.DataType], names: Sequence[str]) -> dict[str, str]:
+        """Table features an ALTER introducing these columns/types needs enabled first."""
+        props: dict[str, str] = {}
+        if any(isinstance(t, T.TimestampNTZType) for t in types):
+            props.update(TIMESTAMP_NTZ_FEATURE)  # Delta requires enabling it by hand
+        if needs_column_mapping(names):
+            props.update(COLUMN_MAPPING)
+        return props
+
+    def _add_columns(self, table: TableId, added: list[Column]) -> None:
+        """Add ``added`` where each is missing: a crash between the three ALTERs leaves some
+        targets with the column, so every target is checked on its own."""
+        for path, prefix, fields in self._targets(table):
+            missing = [c for c in added if c.name not in fields]
+            if not missing:
+                continue
+            types = [spark_type(c.spark_type) for c in missing]
+            self._set_props(path, self._features_for(types, [c.name for c in missing]))
+            ddl = ", ".join(
+                f"{prefix}{quote_ident(c.name)} {t.simpleString()}"
+                for c, t in zip(missing, types, strict=True)
+            )
+            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ADD COLUMNS ({ddl})")
+        known = {c.name for c in self._columns.get(table, [])}
+        self._columns[table] = self._columns.get(table, []) + [
+            c for c in added if c.name not in known
+        ]
 
     def _widen(self, table: TableId, have: Column, new: Column) -> None:
-        """Follow a source type change: widen the lake column, or keep a wider lake type."""
+        """Follow a source type change: widen the lake column, or keep a wider lake type.
+
+        Type widening is enabled on a table only here (delta-rs cannot read a table with it);
+        each target is checked on its own, so a crash between the ALTERs resumes."""
         old_type, new_type = spark_type(have.spark_type), spark_type(new.spark_type)
         if widens(new_type, old_type):
             return  # the source narrowed: its values still fit the lake's wider type
@@ -241,11 +304,13 @@ class DeltaSink:
                 "which Delta cannot widen; capture the table into a new lake path"
             )
         target = new_type.simpleString()
-        changelog = quote_ident(self.layout.changelog(table))
-        name = quote_ident(have.name)
-        for path, column in ((changelog, f"before.{name}"), (changelog, f"after.{name}"),
-                             (quote_ident(self.layout.mirror(table)), name)):
-            self.spark.sql(f"ALTER TABLE delta.{path} ALTER COLUMN {column} TYPE {target}")
+        for path, prefix, fields in self._targets(table):
+            current = fields.get(have.name)
+            if current is None or current == new_type or widens(new_type, current):
+                continue  # already widened (a resumed crash) or wider still
+            self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
+            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
+                           f"{prefix}{quote_ident(have.name)} TYPE {target}")
         self._columns[table] = [
             Column(c.name, new.spark_type) if c.name == have.name else c
             for c in self._columns[table]
@@ -269,7 +334,9 @@ class DeltaSink:
                            *[F.col(quote_ident(c)) for c in df.columns])
         path = self.layout.staging(table)
         if not self._exists(path, self._staging_spark):
-            props = table_properties(df.columns)
+            # Staging is read by Spark only: type widening lets a chunk selected after a
+            # MODIFY COLUMN append with mergeSchema.
+            props = {**table_properties(df.columns), **TYPE_WIDENING}
             del props["delta.enableChangeDataFeed"]
             self._create_table(path, staged.schema, props, self._staging_spark)
         staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
@@ -304,9 +371,18 @@ class DeltaSink:
 
     def _events_df(self, tb: TableBatch, columns: list[Column], batch: int) -> DataFrame:
         names = [c.name for c in columns]
+        # Values follow the lake column's type: a batch can hold rows decoded with an older,
+        # narrower source type (a DATE before an ALTER to DATETIME, an INT before DOUBLE).
+        types = [spark_type(c.spark_type) for c in columns]
+        coerced = [(i, t) for i, t in enumerate(types) if needs_coercion(t)]
 
         def image(row: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
-            return None if row is None else tuple(row.get(n) for n in names)
+            if row is None:
+                return None
+            values = [row.get(n) for n in names]
+            for i, t in coerced:
+                values[i] = coerce(values[i], t)
+            return tuple(values)
 
         rows = [
             (

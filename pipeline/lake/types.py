@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from typing import Any
 
 from pyspark.sql import types as T
 
@@ -50,3 +53,32 @@ def column_of(field: T.StructField) -> Column:
 def struct_of(columns: Iterable[Column]) -> T.StructType:
     """A struct with one nullable field per column (nullable: sources evolve)."""
     return T.StructType([T.StructField(c.name, spark_type(c.spark_type), True) for c in columns])
+
+
+def coerce(value: Any, dtype: T.DataType) -> Any:
+    """``value`` as a Python value of ``dtype``, for values decoded with an older, narrower
+    source type than the lake column's (a batch can hold rows written before and after an
+    ``ALTER``): DATE -> midnight for TIMESTAMP_NTZ (UTC for TIMESTAMP), integers -> Decimal
+    or float, floats -> Decimal. Anything else is returned unchanged."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(dtype, T.TimestampNTZType | T.TimestampType):
+        if isinstance(value, date) and not isinstance(value, datetime):
+            tz = UTC if isinstance(dtype, T.TimestampType) else None
+            return datetime.combine(value, time(), tzinfo=tz)
+    elif isinstance(dtype, T.DecimalType):
+        if isinstance(value, int):
+            return Decimal(value)
+        if isinstance(value, float):
+            return Decimal(repr(value))
+    elif isinstance(dtype, T.FloatType | T.DoubleType):
+        if isinstance(value, int | Decimal):
+            return float(value)
+    return value
+
+
+def needs_coercion(dtype: T.DataType) -> bool:
+    """Whether :func:`coerce` can change a value for a column of ``dtype``."""
+    return isinstance(
+        dtype, T.TimestampNTZType | T.TimestampType | T.DecimalType | T.FloatType | T.DoubleType
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,114 @@ def test_a_batch_still_carries_its_markers_and_is_skipped_on_replay(
         assert len(writes) == 1
         assert json.loads(writes[0]["userMetadata"])["dblog.batch"] == 7
     assert sink.spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+
+
+# ---- 2. a crash between the three ALTERs of a new column ---------------------------------
+
+
+def _field_names(spark: Any, path: str, struct: str | None = None) -> set[str]:
+    schema = spark.read.format("delta").load(path).schema
+    if struct is not None:
+        schema = schema[struct].dataType
+    return {f.name for f in schema.fields}
+
+
+def test_adding_a_column_resumes_after_a_crash_between_the_alters(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    changelog = sink.layout.changelog(TABLE)
+    # The first of the three ALTERs ran, then the process died.
+    spark.sql(f"ALTER TABLE delta.{quote_ident(changelog)} ADD COLUMNS (before.extra STRING)")
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
+    restarted = make_sink(spark, tmp_path)
+    restarted.ensure_schema(wider)
+    assert "extra" in _field_names(spark, changelog, "before")
+    assert "extra" in _field_names(spark, changelog, "after")
+    assert "extra" in _field_names(spark, sink.layout.mirror(TABLE))
+    restarted.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x")]), 1, {})
+    assert [r["extra"] for r in rows(spark, sink.layout.mirror(TABLE))] == ["x"]
+
+
+# ---- 3. values decoded with an older, narrower type ---------------------------------------
+
+
+def test_date_widened_to_datetime_takes_old_date_values_in_the_same_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    narrow = TableSchema(TABLE, (*SCHEMA.columns, Column("d", "DATE")), ("id",))
+    sink.ensure_schema(narrow)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, d=date(2024, 1, 1))]), 1, {})
+    wide = TableSchema(TABLE, (*SCHEMA.columns, Column("d", "TIMESTAMP_NTZ")), ("id",))
+    sink.ensure_schema(wide)
+    batch = TableBatch(TABLE, [
+        ev(Op.UPDATE, 1, 200, d=date(2024, 1, 2)),  # decoded before the ALTER
+        ev(Op.CREATE, 2, 201, d=datetime(2024, 1, 3, 4, 5, 6)),
+    ])
+    sink.write_table_batch(batch, 2, {})
+    mirror = {r["id"]: r["d"] for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert mirror == {1: datetime(2024, 1, 2), 2: datetime(2024, 1, 3, 4, 5, 6)}
+    changelog = {(r["_dblog_lsn"], r["after"]["d"])
+                 for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2}
+    assert changelog == {(200, datetime(2024, 1, 2)), (201, datetime(2024, 1, 3, 4, 5, 6))}
+
+
+def test_int_widened_to_bigint_and_float_to_double(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    cols = (Column("id", "INT"), Column("n", "INT"), Column("f", "FLOAT"))
+    sink.ensure_schema(TableSchema(TABLE, cols, ("id",)))
+    first = ChangeEvent(TABLE, Op.CREATE, (1,), Position(100),
+                        after={"id": 1, "n": 5, "f": 1.5})
+    sink.write_table_batch(TableBatch(TABLE, [first]), 1, {})
+    sink.ensure_schema(TableSchema(
+        TABLE, (Column("id", "INT"), Column("n", "BIGINT"), Column("f", "DOUBLE")), ("id",)))
+    second = ChangeEvent(TABLE, Op.CREATE, (2,), Position(200),
+                         after={"id": 2, "n": 2**40, "f": 2})
+    sink.write_table_batch(TableBatch(TABLE, [second]), 2, {})
+    mirror = {r["id"]: (r["n"], r["f"]) for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert mirror == {1: (5, 1.5), 2: (2**40, 2.0)}
+
+
+# ---- 4. readable by non-Spark readers -----------------------------------------------------
+
+
+def test_a_fresh_changelog_and_mirror_are_readable_by_delta_rs(
+    spark: Any, tmp_path: Path
+) -> None:
+    deltalake = pytest.importorskip("deltalake")
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    batch = TableBatch(TABLE, [
+        ev(Op.CREATE, 1, 100), ev(Op.CREATE, 2, 101),
+        ev(Op.UPDATE, 2, 102, name="two"), ev(Op.DELETE, 1, 103),
+    ])
+    sink.write_table_batch(batch, 1, {"dblog.batch": 1})
+    mirror = deltalake.DeltaTable(sink.layout.mirror(TABLE)).to_pyarrow_table().to_pylist()
+    assert mirror == [{"id": 2, "name": "two", "_dblog_lsn": 102, "_dblog_seq": 0}]
+    changelog = sorted(
+        deltalake.DeltaTable(sink.layout.changelog(TABLE)).to_pyarrow_table().to_pylist(),
+        key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]),
+    )
+    assert [(r["op"], r["_dblog_lsn"]) for r in changelog] == [
+        ("c", 100), ("c", 101), ("u", 102), ("d", 103)]
+    assert changelog[2]["after"] == {"id": 2, "name": "two"}
+    assert changelog[3]["before"] == {"id": 1, "name": "n1"} and changelog[3]["after"] is None
+    for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
+        assert "delta.enableTypeWidening" not in sink._table_props(path)
+
+
+def test_type_widening_is_enabled_only_when_a_column_widens(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    narrow = TableSchema(TABLE, (*SCHEMA.columns, Column("n", "INT")), ("id",))
+    sink.ensure_schema(narrow)
+    sink.ensure_schema(TableSchema(TABLE, (*SCHEMA.columns, Column("n", "BIGINT")), ("id",)))
+    for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
+        assert sink._table_props(path).get("delta.enableTypeWidening") == "true"
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, n=2**40)]), 1, {})
+    assert [r["n"] for r in rows(spark, sink.layout.mirror(TABLE))] == [2**40]
+    log = rows(spark, sink.layout.changelog(TABLE))
+    assert [r["after"]["n"] for r in log] == [2**40]

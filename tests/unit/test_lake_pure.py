@@ -1,0 +1,49 @@
+"""Pure helpers of the Delta sink: value coercion, type widening, table properties."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from pyspark.sql import types as T
+
+from pipeline.lake.sink import table_properties, widens
+from pipeline.lake.types import coerce, needs_coercion
+
+
+def test_dates_become_midnight_for_timestamp_columns() -> None:
+    assert coerce(date(2024, 1, 2), T.TimestampNTZType()) == datetime(2024, 1, 2)
+    assert coerce(date(2024, 1, 2), T.TimestampType()) == datetime(2024, 1, 2, tzinfo=UTC)
+    stamp = datetime(2024, 1, 2, 3, 4, 5)
+    assert coerce(stamp, T.TimestampNTZType()) is stamp
+
+
+def test_numbers_follow_the_wider_column_type() -> None:
+    assert coerce(5, T.DecimalType(12, 2)) == Decimal(5)
+    assert isinstance(coerce(5, T.DecimalType(12, 2)), Decimal)
+    assert coerce(1.5, T.DecimalType(12, 2)) == Decimal("1.5")
+    assert coerce(2, T.DoubleType()) == 2.0 and isinstance(coerce(2, T.DoubleType()), float)
+    assert coerce(Decimal("2.5"), T.FloatType()) == 2.5
+    assert coerce(None, T.DoubleType()) is None
+    assert coerce(True, T.DoubleType()) is True  # never a bool into a number silently
+    assert coerce("x", T.StringType()) == "x"
+
+
+def test_only_some_types_need_coercion() -> None:
+    assert needs_coercion(T.TimestampNTZType()) and needs_coercion(T.DecimalType(10, 0))
+    assert not needs_coercion(T.IntegerType()) and not needs_coercion(T.StringType())
+
+
+def test_new_tables_do_not_enable_type_widening() -> None:
+    assert "delta.enableTypeWidening" not in table_properties(["id", "name"])
+    assert "delta.columnMapping.mode" not in table_properties(["id", "name"])
+    assert table_properties(["id", "a name"])["delta.columnMapping.mode"] == "name"
+
+
+def test_widening_rules() -> None:
+    assert widens(T.IntegerType(), T.LongType())
+    assert not widens(T.LongType(), T.IntegerType())
+    assert widens(T.DateType(), T.TimestampNTZType())
+    assert widens(T.FloatType(), T.DoubleType())
+    assert widens(T.DecimalType(10, 2), T.DecimalType(12, 2))
+    assert not widens(T.DecimalType(10, 2), T.DecimalType(10, 1))
