@@ -62,6 +62,10 @@ class SchemaChange:
     resets_rows: bool = False
     """The statement removed every row of the table without row events (TRUNCATE, DROP
     TABLE, DROP DATABASE): the lake table is emptied at ``position``."""
+    rewrites_rows: bool = False
+    """The statement may have changed stored values without row events (a column type or
+    default changed, a character set converted, another table renamed into its place): the
+    mirror may differ from the source until a capture of the table repairs it."""
 
 
 LogItem = ChangeEvent | WatermarkEvent | SchemaChange

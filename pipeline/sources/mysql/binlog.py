@@ -142,6 +142,22 @@ def resets_rows(query: str) -> bool:
                                                                   "DATABASE", "SCHEMA")
 
 
+def rewrites_rows(query: str) -> bool:
+    """Whether a DDL statement may change stored values without row events: ALTER TABLE with
+    MODIFY / CHANGE / CONVERT TO / ADD ... DEFAULT (existing rows take the default), and
+    RENAME TABLE (a table renamed into a captured name brings its own rows)."""
+    words = _STATEMENT_WORDS.findall(_COMMENTS.sub(" ", query).upper())
+    if len(words) < 2:
+        return False
+    if words[0] == "RENAME" and words[1] in ("TABLE", "TABLES"):
+        return True
+    if words[0] != "ALTER" or "TABLE" not in words[1:4]:
+        return False
+    changed = {"MODIFY", "CHANGE", "CONVERT"} & set(words)
+    adds_default = "ADD" in words and "DEFAULT" in words
+    return bool(changed) or adds_default
+
+
 class MySqlLogReader:
     """A :class:`pipeline.sources.base.LogReader` over one server's binlog."""
 
@@ -398,10 +414,10 @@ class MySqlLogReader:
             (t for t in self._tracked if t.database in databases and t not in hits), key=str
         )
         offset = int(event.packet.log_pos)
-        resets = resets_rows(query)
+        resets, rewrites = resets_rows(query), rewrites_rows(query)
         for seq, table in enumerate(dict.fromkeys(hits)):
             position = Position.from_binlog(self._file_index, offset, seq)
-            self._buffer.append(("s", SchemaChange(table, query, position, resets)))
+            self._buffer.append(("s", SchemaChange(table, query, position, resets, rewrites)))
         if self._in_txn and not self._standalone:
             return None
         return self._commit(event)
