@@ -81,12 +81,16 @@ class Workload:
     threads: int = 2
     pause_s: float = 0.01
     """Each writer sleeps up to this long between transactions."""
+    append_ratio: float = 0.0
+    """Share of statements that insert a new row after the largest key (a table growing at
+    the end of its key space, which a capture must not chase forever)."""
     touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
     ops: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _errors: list[BaseException] = field(default_factory=list)
     _workers: list[threading.Thread] = field(default_factory=list)
+    _next_append: int = 0
 
     def start(self) -> Workload:
         for n in range(self.threads):
@@ -139,7 +143,22 @@ class Workload:
         with self._lock:
             self.ops += statements
 
+    def _appended_key(self) -> int:
+        with self._lock:
+            self._next_append += 1
+            return self._next_append
+
     def _statement(self, cur: Any, rng: random.Random) -> tuple[str, tuple[Any, ...]]:
+        if rng.random() < self.append_ratio:
+            n = self._appended_key()
+            if n % 2:
+                key = 1_000_000 + n
+                cur.execute("INSERT INTO accounts VALUES (%s, %s, 0.00, NULL, 'appended')",
+                            (key, f"a-{n}"))
+                return "accounts", (key,)
+            region, order_no = rng.choice(REGIONS), 2 * 10**12 + n
+            cur.execute("INSERT INTO orders VALUES (%s, %s, 1.0, 'new')", (region, order_no))
+            return "orders", (region, order_no)
         if rng.random() < 0.6:
             hot = rng.random() < 0.3
             key = rng.randint(1, 20) if hot else rng.randint(1, 4000)
