@@ -22,8 +22,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline.chunking import KeyRange, key_order
 from pipeline.errors import DblogError
-from pipeline.events import ChangeEvent, Op, TableId
+from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
     coerce,
@@ -90,11 +91,13 @@ class SchemaEvolutionError(DblogError):
 
 @dataclass(frozen=True)
 class EmissionResult:
-    """How one chunk emission went: rows emitted and rows dropped by the window."""
+    """How one chunk emission went: chunk rows emitted (``r``) and mirror rows it proved
+    gone from the source (``d`` rows, only for an emission with coverage)."""
 
     window_id: str
     table: TableId
     rows_emitted: int
+    rows_deleted: int = 0
 
 
 @dataclass
@@ -108,11 +111,25 @@ class BatchResult:
 
 @dataclass
 class TableBatch:
-    """One table's share of a micro-batch, in log order."""
+    """One table's share of a micro-batch, in log order.
+
+    ``coverage``: window id -> the key range ``(lower, upper]`` its chunk select read
+    completely (``None`` = open side). Mirror keys in that range that the staged chunk lacks
+    and the window did not see change no longer exist in the source: they are written as
+    ``d`` rows at the high watermark and deleted from the mirror. An emission without
+    coverage deletes nothing.
+
+    ``truncates``: positions, in log order, where the source table was truncated or dropped
+    (interleaved with ``events`` by position). Each becomes a changelog row ``op = 't'``
+    meaning *every row of the table before this position is gone*; the mirror keeps only the
+    changes after the last one.
+    """
 
     table: TableId
     events: list[ChangeEvent] = field(default_factory=list)
     emissions: list[ChunkEmission] = field(default_factory=list)
+    coverage: dict[str, KeyRange] = field(default_factory=dict)
+    truncates: list[Position] = field(default_factory=list)
 
 
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
@@ -147,6 +164,54 @@ def mirror_schema(columns: Sequence[Column]) -> T.StructType:
     fields = list(struct_of(columns).fields)
     fields += [T.StructField(c, T.LongType(), False) for c in META_COLUMNS]
     return T.StructType(fields)
+
+
+TRUNCATE_OP = "t"
+"""Changelog ``op`` of a TRUNCATE / DROP: every row of the table before this position is
+gone (``before``/``after`` null, ``_dblog_lsn``/``_dblog_seq`` = the statement's position)."""
+
+
+def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
+    """A key value as a typed Spark literal (naive datetimes never go through local time)."""
+    value = coerce(value, dtype)
+    if isinstance(dtype, T.TimestampNTZType) and isinstance(value, datetime):
+        return F.lit(value.isoformat(sep=" ")).cast(dtype)
+    return F.lit(value).cast(dtype)
+
+
+def _compare(cols: Sequence[SparkColumn], bound: Key, types: Sequence[T.DataType],
+             *, above: bool) -> SparkColumn:
+    """Lexicographic ``cols > bound`` (``above``) or ``cols <= bound``, as SQL compares row
+    values: ``(c1 > b1) OR (c1 = b1 AND c2 > b2) OR ...`` (the last term ``<=`` for below)."""
+    terms: list[SparkColumn] = []
+    for i, col in enumerate(cols):
+        lit = _literal(bound[i], types[i])
+        prefix = [cols[j] == _literal(bound[j], types[j]) for j in range(i)]
+        last = i == len(cols) - 1
+        step = (col > lit) if above else (col <= lit if last else col < lit)
+        terms.append(reduce(SparkColumn.__and__, [*prefix, step]))
+    return reduce(SparkColumn.__or__, terms)
+
+
+def key_range_predicate(
+    key: Sequence[str], key_range: KeyRange, types: Sequence[T.DataType]
+) -> SparkColumn:
+    """Rows whose key lies in ``(lower, upper]`` (see :mod:`pipeline.chunking`)."""
+    cols = [F.col(quote_ident(k)) for k in key]
+    parts: list[SparkColumn] = [F.lit(True)]
+    if key_range.lower is not None:
+        parts.append(_compare(cols, key_range.lower, types, above=True))
+    if key_range.upper is not None:
+        parts.append(_compare(cols, key_range.upper, types, above=False))
+    return reduce(SparkColumn.__and__, parts)
+
+
+def _maybe_in(key_range: KeyRange, key: Key) -> bool:
+    """Whether ``key`` may lie in ``key_range`` (True when Python cannot tell)."""
+    try:
+        return key_range.contains(key)
+    except (TypeError, ValueError):
+        return True
 
 
 def _newer(s: str, t: str) -> str:
@@ -397,35 +462,86 @@ class DeltaSink:
             )
             for ev in tb.events
         ]
+        rows += [
+            (TRUNCATE_OP, None, None, (self.layout.source, tb.table.database, tb.table.table, None),
+             pos.lsn, pos.seq, None, batch)
+            for pos in tb.truncates
+        ]
         return self.spark.createDataFrame(rows, changelog_schema(columns), verifySchema=False)
 
+    def _keys_df(self, keys: Sequence[Key], key: tuple[str, ...],
+                 types: Mapping[str, T.DataType]) -> DataFrame:
+        schema = T.StructType([T.StructField(k, types[k]) for k in key])
+        values = [tuple(coerce(v, types[k]) for v, k in zip(kv, key, strict=True))
+                  for kv in keys]
+        return self.spark.createDataFrame(values, schema, verifySchema=False)
+
     def _emission_df(
-        self, em: ChunkEmission, columns: list[Column], key: tuple[str, ...], batch: int
+        self,
+        em: ChunkEmission,
+        columns: list[Column],
+        key: tuple[str, ...],
+        batch: int,
+        *,
+        coverage: KeyRange | None = None,
+        unchanged_before: Sequence[Key] = (),
     ) -> DataFrame:
+        """The chunk's ``r`` rows and, with ``coverage``, the ``d`` rows of mirror keys in
+        that range the chunk lacks, numbered together in key order after the high watermark.
+
+        ``unchanged_before``: keys this batch changes before the high watermark besides the
+        window's own (their mirror row is stale: never proven gone by the chunk).
+        """
         table = em.window.table
-        staged = self.spark.read.format("delta").load(self.layout.staging(table))
-        staged = staged.where(F.col(WINDOW_COLUMN) == em.window.window_id)
+        types = {c.name: spark_type(c.spark_type) for c in columns}
+        row_type = struct_of(columns)
+        staged_all = self.spark.read.format("delta").load(self.layout.staging(table))
+        staged_all = staged_all.where(F.col(WINDOW_COLUMN) == em.window.window_id)
+        staged = staged_all
         if em.dropped_keys:
-            key_schema = T.StructType([
-                T.StructField(k, spark_type(next(c.spark_type for c in columns if c.name == k)))
-                for k in key
+            staged = staged.join(self._keys_df(sorted(em.dropped_keys, key=key_order), key,
+                                               types), on=list(key), how="left_anti")
+        order_cols = [f"_dblog_k{i}" for i in range(len(key))]
+
+        def row_of(df: DataFrame) -> SparkColumn:
+            present = set(df.columns)
+            return F.struct(*[
+                (F.col(quote_ident(c.name)) if c.name in present else F.lit(None))
+                .cast(types[c.name]).alias(c.name)
+                for c in columns
             ])
-            dropped = self.spark.createDataFrame(
-                [tuple(k) for k in em.dropped_keys], key_schema, verifySchema=False
-            )
-            staged = staged.join(dropped, on=list(key), how="left_anti")
-        present = set(staged.columns)
 
-        def value(c: Column) -> SparkColumn:
-            expr = F.col(quote_ident(c.name)) if c.name in present else F.lit(None)
-            return expr.cast(spark_type(c.spark_type)).alias(c.name)
+        def ordered(df: DataFrame) -> list[SparkColumn]:
+            return [F.col(quote_ident(k)).cast(types[k]).alias(o)
+                    for k, o in zip(key, order_cols, strict=True)]
 
-        order = Window.orderBy(*[F.col(quote_ident(k)) for k in key])
-        commit_ts = _ts(em.commit_ts_ms)
-        return staged.select(
+        body = staged.select(
+            *ordered(staged),
             F.lit(Op.READ.value).alias("op"),
-            F.lit(None).cast(struct_of(columns)).alias("before"),
-            F.struct(*[value(c) for c in columns]).alias("after"),
+            F.lit(None).cast(row_type).alias("before"),
+            row_of(staged).alias("after"),
+        )
+        if coverage is not None:
+            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
+            gone = mirror.where(key_range_predicate(key, coverage, [types[k] for k in key]))
+            gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
+                             on=list(key), how="left_anti")
+            kept = set(em.dropped_keys) | set(unchanged_before)
+            if kept:
+                gone = gone.join(self._keys_df(sorted(kept, key=key_order), key, types),
+                                 on=list(key), how="left_anti")
+            body = body.unionByName(gone.select(
+                *ordered(gone),
+                F.lit(Op.DELETE.value).alias("op"),
+                row_of(gone).alias("before"),
+                F.lit(None).cast(row_type).alias("after"),
+            ))
+        order = Window.orderBy(*[F.col(o) for o in order_cols])
+        commit_ts = _ts(em.commit_ts_ms)
+        return body.select(
+            F.col("op"),
+            F.col("before"),
+            F.col("after"),
             F.struct(
                 F.lit(self.layout.source).alias("name"),
                 F.lit(table.database).alias("database"),
@@ -438,6 +554,24 @@ class DeltaSink:
             F.lit(em.window.window_id).alias(WINDOW_COLUMN),
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
         )
+
+    def _emissions(
+        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int
+    ) -> list[DataFrame]:
+        out = []
+        for em in tb.emissions:
+            coverage = tb.coverage.get(em.window.window_id)
+            if coverage is not None and any(t < em.position for t in tb.truncates):
+                coverage = None  # the mirror rows before the truncate are gone already
+            changed = (
+                sorted({ev.key for ev in tb.events
+                        if ev.position < em.position and _maybe_in(coverage, ev.key)},
+                       key=key_order)
+                if coverage is not None else []
+            )
+            out.append(self._emission_df(em, columns, key, batch, coverage=coverage,
+                                         unchanged_before=changed))
+        return out
 
     @property
     def app_id(self) -> str:
@@ -463,20 +597,22 @@ class DeltaSink:
             raise DblogError(f"no schema known for {table}: ensure_schema first")
         key = self.key_columns(table)
         parts: list[DataFrame] = []
-        if tb.events:
+        if tb.events or tb.truncates:
             parts.append(self._events_df(tb, columns, batch))
-        parts += [self._emission_df(em, columns, key, batch) for em in tb.emissions]
+        parts += self._emissions(tb, columns, key, batch)
         if not parts:
             return 0, []
         changes = reduce(DataFrame.unionByName, parts)
         if tb.emissions:
-            changes = changes.persist()
+            # Computed once, before the writes: capture deletes read the mirror this batch
+            # is about to change, so the rows must never be recomputed after the MERGE.
+            changes = changes.localCheckpoint(eager=True)
         try:
-            emitted: dict[str, int] = {}
+            emitted: dict[tuple[str, str], int] = {}
             if tb.emissions:
-                counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == "r"))
-                          .groupBy(WINDOW_COLUMN).count().collect())
-                emitted = {r[WINDOW_COLUMN]: int(r["count"]) for r in counts}
+                counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
+                          .groupBy(WINDOW_COLUMN, "op").count().collect())
+                emitted = {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
             commit_metadata = {**metadata, "table": str(table)}
             (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
              .write.format("delta")
@@ -486,12 +622,17 @@ class DeltaSink:
              .option("userMetadata", _metadata_json(commit_metadata))
              .save(self.layout.changelog(table)))
             with self._txn(batch, commit_metadata, app_id):
-                self._merge_mirror(table, changes, columns, key)
+                self._merge_mirror(table, changes, columns, key,
+                                   max(tb.truncates) if tb.truncates else None)
         finally:
             if tb.emissions:
                 changes.unpersist()
         results = [
-            EmissionResult(em.window.window_id, table, emitted.get(em.window.window_id, 0))
+            EmissionResult(
+                em.window.window_id, table,
+                emitted.get((em.window.window_id, Op.READ.value), 0),
+                rows_deleted=emitted.get((em.window.window_id, Op.DELETE.value), 0),
+            )
             for em in tb.emissions
         ]
         return len(tb.events), results
@@ -509,9 +650,25 @@ class DeltaSink:
             self._add_columns(table, added)
 
     def _merge_mirror(
-        self, table: TableId, changes: DataFrame, columns: list[Column], key: tuple[str, ...]
+        self,
+        table: TableId,
+        changes: DataFrame,
+        columns: list[Column],
+        key: tuple[str, ...],
+        truncated: Position | None = None,
     ) -> None:
+        """One MERGE: the latest change per key wins if newer than the mirror row; with a
+        truncate in the batch, only changes after the last one apply and every mirror row
+        older than it is deleted."""
         from delta.tables import DeltaTable
+
+        changes = changes.where(F.col("op") != TRUNCATE_OP)
+        if truncated is not None:
+            changes = changes.where(
+                (F.col("_dblog_lsn") > truncated.lsn)
+                | ((F.col("_dblog_lsn") == truncated.lsn)
+                   & (F.col("_dblog_seq") > truncated.seq))
+            )
 
         def key_value(k: str) -> SparkColumn:
             return F.when(F.col("op") == "d", F.col("before").getField(k)).otherwise(
@@ -535,9 +692,16 @@ class DeltaSink:
             quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
         }
         values.update({m: f"s.{m}" for m in META_COLUMNS})
-        (DeltaTable.forPath(self.spark, self.layout.mirror(table)).alias("t")
-         .merge(last.alias("s"), on)
-         .whenMatchedDelete(condition=f"s.op = 'd' AND {_newer('s', 't')}")
-         .whenMatchedUpdate(condition=f"s.op <> 'd' AND {_newer('s', 't')}", set=values)
-         .whenNotMatchedInsert(condition="s.op <> 'd'", values=values)
-         .execute())
+        merge = (
+            DeltaTable.forPath(self.spark, self.layout.mirror(table)).alias("t")
+            .merge(last.alias("s"), on)
+            .whenMatchedDelete(condition=f"s.op = 'd' AND {_newer('s', 't')}")
+            .whenMatchedUpdate(condition=f"s.op <> 'd' AND {_newer('s', 't')}", set=values)
+            .whenNotMatchedInsert(condition="s.op <> 'd'", values=values)
+        )
+        if truncated is not None:
+            lsn, seq = int(truncated.lsn), int(truncated.seq)
+            merge = merge.whenNotMatchedBySourceDelete(
+                condition=f"t._dblog_lsn < {lsn} OR (t._dblog_lsn = {lsn} AND t._dblog_seq < {seq})"
+            )
+        merge.execute()

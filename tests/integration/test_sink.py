@@ -203,3 +203,159 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
     assert [r["n"] for r in rows(spark, sink.layout.mirror(TABLE))] == [2**40]
     log = rows(spark, sink.layout.changelog(TABLE))
     assert [r["after"]["n"] for r in log] == [2**40]
+
+
+# ---- 5. capture deletes: mirror keys a complete chunk read did not return -----------------
+
+
+def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> Any:
+    from pipeline.events import Window
+    from pipeline.window import ChunkEmission
+
+    window = Window(wid, table, low=f"{wid}-lw", high=f"{wid}-hw")
+    return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
+
+
+def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(
+        TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in range(1, 12)]), 1, {})
+    chunk = [i for i in range(1, 11) if i not in (3, 7)]
+    sink.stage_chunk(
+        spark.createDataFrame([(i, f"r{i}") for i in chunk], "id INT, name STRING"), "w1", TABLE)
+    em = _emission(TABLE, "w1", 500, {(7,)})
+    batch = TableBatch(TABLE, emissions=[em], coverage={"w1": KeyRange((0,), (10,))})
+    _, results = sink.write_table_batch(batch, 2, {})
+    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 8, 1)]
+    mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert sorted(mirror) == [1, 2, 4, 5, 6, 7, 8, 9, 10, 11]  # 3 gone, 7 dropped, 11 outside
+    assert mirror[7] == "n7" and mirror[11] == "n11" and mirror[1] == "r1"
+    log = sorted((r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2),
+                 key=lambda r: r["_dblog_seq"])
+    assert [(r["op"], r["_dblog_seq"]) for r in log] == [
+        ("r", 1), ("r", 2), ("d", 3), ("r", 4), ("r", 5), ("r", 6), ("r", 7), ("r", 8), ("r", 9)]
+    gone = log[2]
+    assert gone["before"].asDict() == {"id": 3, "name": "n3"} and gone["after"] is None
+    assert gone["_dblog_lsn"] == 500 and gone["_dblog_window_id"] == "w1"
+
+
+def test_without_coverage_a_chunk_deletes_nothing(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2, {})
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 0)]
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2]
+
+
+COMPOSITE = TableId("shop", "lines")
+COMPOSITE_SCHEMA = TableSchema(
+    COMPOSITE, (Column("o", "INT"), Column("l", "STRING"), Column("qty", "INT")), ("o", "l"))
+
+
+def test_composite_key_coverage_is_lexicographic(spark: Any, tmp_path: Path) -> None:
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(COMPOSITE_SCHEMA)
+    keys = [(1, "b"), (1, "c"), (2, "a"), (2, "m"), (2, "z"), (3, "a")]
+    sink.write_table_batch(TableBatch(COMPOSITE, [
+        ChangeEvent(COMPOSITE, Op.CREATE, k, Position(100 + i), after={"o": k[0], "l": k[1],
+                                                                        "qty": i})
+        for i, k in enumerate(keys)
+    ]), 1, {})
+    # Coverage ((1,'b'), (2,'m')]: (1,'b') is the exclusive lower bound, (2,'m') inclusive.
+    staged = [(2, "a", 9)]
+    sink.stage_chunk(spark.createDataFrame(staged, "o INT, l STRING, qty INT"), "w1", COMPOSITE)
+    batch = TableBatch(COMPOSITE, emissions=[_emission(COMPOSITE, "w1", 500, set())],
+                       coverage={"w1": KeyRange((1, "b"), (2, "m"))})
+    _, results = sink.write_table_batch(batch, 2, {})
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 2)]
+    mirror = sorted((r["o"], r["l"]) for r in rows(spark, sink.layout.mirror(COMPOSITE)))
+    assert mirror == [(1, "b"), (2, "a"), (2, "z"), (3, "a")]
+    log = sorted((r for r in rows(spark, sink.layout.changelog(COMPOSITE))
+                  if r["_dblog_batch"] == 2), key=lambda r: r["_dblog_seq"])
+    assert [(r["op"], r["_dblog_seq"]) for r in log] == [("d", 1), ("r", 2), ("d", 3)]
+    assert [(r["before"] or r["after"])["l"] for r in log] == ["c", "a", "m"]
+
+
+# ---- 6. TRUNCATE / DROP ---------------------------------------------------------------------
+
+
+def test_a_truncate_empties_the_mirror_at_its_position(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {})
+    batch = TableBatch(
+        TABLE,
+        events=[ev(Op.UPDATE, 1, 200, name="before"), ev(Op.CREATE, 4, 201),
+                ev(Op.CREATE, 5, 300), ev(Op.UPDATE, 2, 301, name="again")],
+        truncates=[Position(250, 0)],
+    )
+    sink.write_table_batch(batch, 2, {})
+    mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert mirror == {5: "n5", 2: "again"}
+    log = sorted((r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2),
+                 key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
+    assert [(r["op"], r["_dblog_lsn"]) for r in log] == [
+        ("u", 200), ("c", 201), ("t", 250), ("c", 300), ("u", 301)]
+    assert log[2]["before"] is None and log[2]["after"] is None
+
+
+def test_a_batch_of_only_a_truncate(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    sink.write_table_batch(TableBatch(TABLE, truncates=[Position(300, 0)]), 2, {})
+    assert rows(spark, sink.layout.mirror(TABLE)) == []
+    assert [r["op"] for r in rows(spark, sink.layout.changelog(TABLE))
+            if r["_dblog_batch"] == 2] == ["t"]
+
+
+def test_keys_the_batch_changed_before_the_high_watermark_are_not_deleted_again(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {})
+    # Key 2 is deleted by the log in this batch before the window opened: already a `d`.
+    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
+    batch = TableBatch(TABLE, events=[ev(Op.DELETE, 2, 200)],
+                       emissions=[_emission(TABLE, "w1", 500, set())],
+                       coverage={"w1": KeyRange(None, (3,))})
+    _, results = sink.write_table_batch(batch, 2, {})
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 1)]
+    log = sorted((r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2),
+                 key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
+    assert [(r["op"], (r["before"] or r["after"])["id"]) for r in log] == [
+        ("d", 2), ("r", 1), ("d", 3)]
+    assert [r["id"] for r in rows(spark, sink.layout.mirror(TABLE))] == [1]
+
+
+def test_chunk_rows_before_a_truncate_reach_the_changelog_but_not_the_mirror(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (2, "r2")], "id INT, name STRING"),
+                     "w1", TABLE)
+    batch = TableBatch(TABLE, events=[ev(Op.CREATE, 3, 700)],
+                       emissions=[_emission(TABLE, "w1", 500, set())],
+                       truncates=[Position(600, 0)])
+    _, results = sink.write_table_batch(batch, 1, {})
+    assert [r.rows_emitted for r in results] == [2]
+    assert [r["id"] for r in rows(spark, sink.layout.mirror(TABLE))] == [3]
+    log = sorted(rows(spark, sink.layout.changelog(TABLE)),
+                 key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
+    assert [r["op"] for r in log] == ["r", "r", "t", "c"]
