@@ -359,3 +359,21 @@ def test_chunk_rows_before_a_truncate_reach_the_changelog_but_not_the_mirror(
     log = sorted(rows(spark, sink.layout.changelog(TABLE)),
                  key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
     assert [r["op"] for r in log] == ["r", "r", "t", "c"]
+
+
+def test_a_new_column_with_an_unsafe_name_turns_column_mapping_on(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    assert "delta.columnMapping.mode" not in sink._table_props(sink.layout.mirror(TABLE))
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("unit price", "DECIMAL(10,2)"),
+                                Column("seen", "TIMESTAMP_NTZ")), ("id",))
+    sink.ensure_schema(wider)
+    for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
+        assert sink._table_props(path)["delta.columnMapping.mode"] == "name"
+    event = ChangeEvent(TABLE, Op.CREATE, (1,), Position(100), after={
+        "id": 1, "name": "a", "unit price": 3, "seen": datetime(2024, 5, 6, 7, 8, 9)})
+    sink.write_table_batch(TableBatch(TABLE, [event]), 1, {})
+    (row,) = rows(spark, sink.layout.mirror(TABLE))
+    assert str(row["unit price"]) == "3.00" and row["seen"] == datetime(2024, 5, 6, 7, 8, 9)
