@@ -5,28 +5,39 @@ primary-key order, chunk by chunk, pipelined: up to ``max_in_flight`` chunks wai
 tailer's emission while the next ones are selected. Progress lives in ZooKeeper and is
 advanced only by the tailer (with its log position), so a restart continues at the last
 emitted chunk. The log tailer never waits for a capture.
+
+Every capture ends: before a range's first chunk, an open upper bound is fixed to the table's
+greatest key, read once the tailer has a committed log position (rows inserted later reach
+the lake through the log). The fixed bound is the range's ``upper`` in its
+:class:`~pipeline.state.RangeProgress`; a note at ``captures/<id>/bounds/<range>`` records
+that it was fixed, and is the only record when no key lay above the range's lower bound
+(the range then ends after one chunk). Chunks continue from their last key in the database's
+order (the order the rows came back in), with TIMESTAMP keys read as epoch microseconds, so
+no local time zone ever touches a key.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.chunking import KeyRange
+from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
+from pipeline.sources.mysql.snapshot import read_max_key
 from pipeline.state import ABSENT, RangeProgress, StateStore, WindowState
 from pipeline.tailer import chunk_path
 
@@ -37,6 +48,8 @@ class CaptureOptions:
     max_in_flight: int = 4
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
+    position_timeout_s: float = 120.0
+    """How long a range waits for the tailer's first committed position before it starts."""
     chunk_sizes: dict[TableId, int] = field(default_factory=dict)
 
 
@@ -78,6 +91,56 @@ class RangeReport:
 def range_id_for(table: TableId, index: int) -> str:
     digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:12]
     return f"{digest}-{index:05d}"
+
+
+def bounds_path(capture_id: str, range_id: str) -> str:
+    """Where a range notes that its upper bound was fixed (and to what)."""
+    return f"captures/{capture_id}/bounds/{range_id}"
+
+
+ORDER_COLUMN = "_dblog_read_order"
+"""A chunk's rows are tagged with their read order (monotonic across JDBC partitions read
+in key order) to find the last row in the database's order, not Spark's."""
+
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def key_columns(schema: TableSchema) -> list[Column]:
+    """Spark expressions for a row's key values that Python receives without conversion:
+    TIMESTAMP as epoch microseconds (Spark would hand Python the host's local time)."""
+    cols = []
+    for i, name in enumerate(schema.key):
+        col = F.col(_spark_ident(name))
+        if schema.column(name).spark_type == "TIMESTAMP":
+            col = F.unix_micros(col)
+        cols.append(col.alias(f"_k{i}"))
+    return cols
+
+
+def key_from_values(schema: TableSchema, values: Sequence[Any]) -> Key:
+    """The key of :func:`key_columns`' values, in the engine's canonical form (TIMESTAMP:
+    UTC-aware datetime, as the log decoder gives it)."""
+    key = []
+    for name, value in zip(schema.key, values, strict=True):
+        if value is not None and schema.column(name).spark_type == "TIMESTAMP":
+            value = _EPOCH_UTC + dt.timedelta(microseconds=int(value))
+        key.append(value)
+    return tuple(key)
+
+
+def first_key(frame: DataFrame, schema: TableSchema) -> Key | None:
+    """The key of the frame's first row (``None`` if it has none)."""
+    row = frame.select(*key_columns(schema)).first()
+    return None if row is None else key_from_values(schema, tuple(row))
+
+
+def last_key(tagged: DataFrame, schema: TableSchema, order_column: str) -> Key | None:
+    """The key of the row with the greatest ``order_column`` (the last one read)."""
+    return first_key(tagged.orderBy(F.col(_spark_ident(order_column)).desc()), schema)
+
+
+def _spark_ident(name: str) -> str:
+    return quote_ident(name)
 
 
 class Capturer:
@@ -187,8 +250,15 @@ class Capturer:
             if stop.is_set():
                 report.status = "stopped"
                 break
+            ends_range = False
+            if key_list is None:
+                fixed = self._fix_upper(capture_id, range_id, stop)
+                if fixed is None:
+                    continue  # stopped while waiting for the tailer
+                progress, ends_range = fixed
             outcome = self._walk(
-                capture_id, range_id, progress, key_list, where, stop, report, on_progress
+                capture_id, range_id, progress, key_list, where, stop, report, on_progress,
+                ends_range=ends_range,
             )
             if outcome == "aborted":
                 report.retries += 1
@@ -199,6 +269,65 @@ class Capturer:
         if on_progress is not None:
             on_progress(report)
         return report
+
+    def _fix_upper(
+        self, capture_id: str, range_id: str, stop: threading.Event
+    ) -> tuple[RangeProgress, bool] | None:
+        """Fix an open upper bound to the table's greatest key (once, before the first chunk).
+
+        Returns the progress and whether the range ends with its next chunk (no key lay
+        above its lower bound); ``None`` if stopped while waiting for the tailer. The key is
+        read only once the tailer has a committed position: a row inserted later lands in the
+        log after it, so the tail brings it. Other captures never read past the fixed bound.
+        """
+        while True:
+            found = self.state.get_range(capture_id, range_id)
+            if found is None:
+                raise DblogError(f"range {range_id} of capture {capture_id} disappeared")
+            progress = found.value
+            if progress.upper is not None or progress.done:
+                return progress, False
+            note = self.state.get(bounds_path(capture_id, range_id))
+            if note is not None:
+                return progress, bool(note.value.get("empty"))
+            if not self._wait_for_position(stop):
+                return None
+            position = self.state.get_position()
+            assert position is not None
+            schema = self.dialect.table_schema(progress.table)
+            top = first_key(
+                read_max_key(self.spark, self.dialect, schema, progress.lower), schema
+            )
+            try:
+                if top is not None:
+                    self.state.put_range(
+                        capture_id, range_id, replace(progress, upper=top), found.version
+                    )
+                self.state.put(bounds_path(capture_id, range_id), {
+                    "upper": key_to_json(top), "empty": top is None,
+                    "after_position": position.value.position.to_json(),
+                }, None)
+            except StateConflict:
+                pass  # changed meanwhile (another runner?)
+            # Look again: the stored bound (ours, or a concurrent runner's) is the one to use.
+
+    def _wait_for_position(self, stop: threading.Event) -> bool:
+        """Wait until the tailer committed a log position; False if stopped meanwhile."""
+        deadline = time.monotonic() + self.options.position_timeout_s
+        while self.state.get_position() is None:
+            if self.health_check is not None:
+                self.health_check()
+            if stop.is_set():
+                return False
+            if time.monotonic() >= deadline:
+                raise DblogError(
+                    f"no tailer committed a log position within "
+                    f"{self.options.position_timeout_s:.0f}s: a capture fixes its ranges' "
+                    "upper bounds only once the log is tailed; is a tailer running for this "
+                    "source? (`dblog tail`)"
+                )
+            time.sleep(self.options.poll_seconds)
+        return True
 
     def _progress(self, capture_id: str, range_id: str) -> RangeProgress:
         found = self.state.get_range(capture_id, range_id)
@@ -216,6 +345,8 @@ class Capturer:
         stop: threading.Event,
         report: RangeReport,
         on_progress: Callable[[RangeReport], None] | None,
+        *,
+        ends_range: bool = False,
     ) -> str:
         """Select chunks from the last emitted key, pipelined; returns how the walk ended."""
         table = progress.table
@@ -237,12 +368,15 @@ class Capturer:
             if outcome == "aborted":
                 break
             wid, rows, last = self._chunk(
-                capture_id, range_id, table, schema, after, progress.upper, keys, where, limit
+                capture_id, range_id, table, schema, after, progress.upper, keys, where, limit,
+                ends_range=ends_range,
             )
             inflight.append(wid)
             report.chunks += 1
             report.rows_selected += rows
-            if rows < limit:
+            outcome_of_chunk = _outcome(after, progress.upper, rows, limit, last, keys, where,
+                                        ends_range)
+            if outcome_of_chunk.final:
                 break
             after = last
         # On an exception the windows stay open; the next run's _recover settles them.
@@ -263,8 +397,13 @@ class Capturer:
         keys: tuple[Key, ...] | None,
         where: str | None,
         limit: int,
+        *,
+        ends_range: bool = False,
     ) -> tuple[str, int, Key | None]:
-        """One DBLog chunk: register, LW, select + stage, describe, HW."""
+        """One DBLog chunk: register, LW, select + stage, describe, HW.
+
+        Returns the window id, the rows selected and the last key read (``after`` if none).
+        """
         wid = uuid.uuid4().hex
         window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
         self.state.register_window(window, {
@@ -274,18 +413,26 @@ class Capturer:
         self.dialect.write_watermark(window.low)
         crash_point("capture.after_lw")
         spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys, where=where)
-        chunk = self.dialect.read_chunk(self.spark, spec, schema).localCheckpoint(eager=True)
+        selected = self.dialect.read_chunk(self.spark, spec, schema)
+        order = ORDER_COLUMN
+        while order.lower() in {c.lower() for c in selected.columns}:
+            order += "_"  # never a table column's name (Spark names are case-insensitive)
+        tagged = selected.withColumn(order, F.monotonically_increasing_id()).localCheckpoint(
+            eager=True)
+        chunk = tagged.select(*[F.col(_spark_ident(c)) for c in selected.columns])
         self.sink.stage_chunk(chunk, wid, table)
         crash_point("capture.after_stage")
         rows = chunk.count()
-        last: Key | None = after
-        if rows:
-            row = chunk.orderBy(*[F.col(quote_ident(k)).desc() for k in schema.key]).first()
-            assert row is not None
-            last = tuple(row[k] for k in schema.key)
+        read_last = last_key(tagged, schema, order) if rows else None
+        outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
+        last = read_last if read_last is not None else after
+        deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
             "rows": rows, "last_key": key_to_json(last),
-            "final": rows < limit, "capture_id": capture_id, "range_id": range_id,
+            "final": outcome.final, "capture_id": capture_id, "range_id": range_id,
+            "delete_range": None if deletes is None else {
+                "after": key_to_json(deletes[0]), "through": key_to_json(deletes[1]),
+            },
         }, None)
         self.dialect.write_watermark(window.high)
         crash_point("capture.after_hw")
@@ -371,6 +518,14 @@ class Capturer:
             for wid in wids:
                 self.state.delete(chunk_path(wid))
                 self.state.remove_window(wid)
+
+
+def _outcome(after: Key | None, upper: Key | None, rows: int, limit: int, last: Key | None,
+             keys: tuple[Key, ...] | None, where: str | None, ends_range: bool) -> ChunkOutcome:
+    """:func:`pipeline.chunking.chunk_outcome` of one chunk select (``last``: None if empty)."""
+    filtered = keys is not None or (where is not None and bool(where.strip()))
+    return chunk_outcome(after=after, upper=upper, rows=rows, limit=limit,
+                         last=last if rows else None, filtered=filtered, ends_range=ends_range)
 
 
 def plan_request(tables: Sequence[str], keys: Sequence[str] | None, where: str | None

@@ -21,7 +21,9 @@ from typing import Any
 from pipeline.events import Key
 
 __all__ = [
+    "ChunkOutcome",
     "KeyRange",
+    "chunk_outcome",
     "contains",
     "key_order",
     "next_chunk_predicate",
@@ -156,3 +158,47 @@ def next_chunk_predicate(
     if not parts:
         return "1 = 1", []
     return " AND ".join(parts), params
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOutcome:
+    """What one chunk select means for its range.
+
+    ``final``: the range is finished with this chunk. ``delete_range``: the key range
+    ``(after, through]`` the select read completely (``None`` on a side = open), so keys of it
+    the select did not return no longer existed when it ran; ``None`` when the capture
+    filters rows (a ``keys`` list or a ``where``), which says nothing about absent keys.
+    Bounds are keys in the database's order (collation, ENUM/SET, ...), not Python's.
+    """
+
+    final: bool
+    delete_range: tuple[Key | None, Key | None] | None
+
+
+def chunk_outcome(
+    *,
+    after: Key | None,
+    upper: Key | None,
+    rows: int,
+    limit: int,
+    last: Key | None,
+    filtered: bool,
+    ends_range: bool = False,
+) -> ChunkOutcome:
+    """The outcome of a chunk select of ``(after, upper] ORDER BY key LIMIT limit``.
+
+    ``rows`` rows came back, the last (in the database's order) being ``last`` (``None``
+    when none came back). A short chunk read its whole interval, up to ``upper``; a full one
+    read up to ``last`` only. The chunk is final when it is short, when it reached the
+    range's fixed upper bound (``last == upper``), or when the caller says it ``ends_range``
+    (a range whose table held no key above ``after`` when its upper bound was fixed: one
+    chunk, whatever it reads).
+    """
+    if limit <= 0 or not 0 <= rows <= limit:
+        raise ValueError(f"impossible chunk: {rows} rows with limit {limit}")
+    if (rows > 0) != (last is not None):
+        raise ValueError(f"a chunk of {rows} rows must name its last key (got {last!r})")
+    full = rows == limit
+    final = not full or ends_range or (upper is not None and last == upper)
+    through = last if full else upper
+    return ChunkOutcome(final=final, delete_range=None if filtered else (after, through))

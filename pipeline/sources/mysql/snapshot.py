@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.chunking import next_chunk_predicate
 from pipeline.errors import ConfigError
-from pipeline.events import Key
-from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
+from pipeline.events import Key, TableId
+from pipeline.sources.base import ChunkSpec, Column, SourceDialect, TableSchema
 from pipeline.sources.mysql.sqltext import literal, quote_ident, quote_table
 from pipeline.sources.mysql.types import TEMPORAL_TYPES, SourceType
 
@@ -94,13 +95,71 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
         conditions.append(f"(\n{spec.where}\n)")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     table = quote_table(schema.table)
-    # Qualified: a bare name in ORDER BY would mean the projected alias (e.g. CAST(b AS CHAR),
-    # whose collation orders differently from the column's).
-    order = ", ".join(f"{table}.{quote_ident(k)}" for k in schema.key)
     return (
         f"SELECT {', '.join(projections)} FROM {table}"  # noqa: S608 - quoted identifiers and validated literals only
-        f"{where} ORDER BY {order} LIMIT {int(spec.limit)}"
+        f"{where} ORDER BY {_order_by(schema)} LIMIT {int(spec.limit)}"
     )
+
+
+def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
+    """The key order every chunk predicate agrees with.
+
+    Columns are qualified: a bare name in ORDER BY would mean the projected alias (e.g.
+    CAST(b AS CHAR), whose collation orders differently from the column's). ENUM and SET
+    columns sort by their index (bitmask) but compare with a string literal as strings, in
+    the column's collation: they are ordered by ``CONCAT(column)`` (the string, same
+    collation) so that ``col > 'last'`` continues exactly where the previous chunk ended
+    (this costs a sort: such keys cannot use the index order).
+    """
+    table = quote_table(schema.table)
+    terms = []
+    for k in schema.key:
+        col = schema.column(k)
+        term = f"{table}.{quote_ident(k)}"
+        if source_type_of(col.source_type, col.spark_type).base in ("enum", "set"):
+            term = f"CONCAT({term})"
+        terms.append(term + (" DESC" if descending else ""))
+    return ", ".join(terms)
+
+
+def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
+    """SELECT of the greatest key above ``after_key`` (None: of the whole table), in the
+    database's key order; key columns only, projected like a chunk's."""
+    if not schema.key:
+        raise ConfigError(f"table {schema.table} has no primary key")
+    projections = []
+    for name in schema.key:
+        col = schema.column(name)
+        quoted = quote_ident(name)
+        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
+        projections.append(f"{expr} AS {quoted}")
+    where = ""
+    if after_key is not None:
+        try:
+            bound_sql, params = next_chunk_predicate(
+                schema.key, after_key, None, quote_ident=quote_ident, placeholder=_MARK
+            )
+        except ValueError as exc:
+            raise ConfigError(f"max key of {schema.table}: {exc}") from None
+        where = f" WHERE {_render(bound_sql, params)}"
+    return (
+        f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
+        f"{where} ORDER BY {_order_by(schema, descending=True)} LIMIT 1"
+    )
+
+
+def read_max_key(
+    spark: SparkSession, dialect: SourceDialect, schema: TableSchema, after_key: Key | None
+) -> DataFrame:
+    """The greatest key above ``after_key`` as a DataFrame of the key columns in their
+    canonical types: one row, or none when no key lies above ``after_key``.
+
+    To become ``SourceDialect.read_max_key(spark, schema, after_key)``; a module function
+    for now.
+    """
+    sql = max_key_sql(schema, after_key)
+    df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
+    return _canonical(df, tuple(schema.column(k) for k in schema.key), schema.table)
 
 
 def spark_data_type(spark_type: str) -> DataType:
@@ -127,17 +186,22 @@ def read_chunk(
 ) -> DataFrame:
     """One chunk as a DataFrame with the canonical schema, rows in the database's key order
     (one JDBC partition). Zero dates read as NULL, as the log decodes them."""
-    from pyspark.sql import functions as F
-
     sql = dialect.chunk_sql(spec, schema)
     df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
-    if len(df.columns) != len(schema.columns):
-        raise ConfigError(f"chunk select of {schema.table} returned {len(df.columns)} columns")
+    return _canonical(df, schema.columns, schema.table)
+
+
+def _canonical(df: DataFrame, columns: Sequence[Column], table: TableId) -> DataFrame:
+    """A JDBC result with the columns' canonical types and names (given in select order)."""
+    from pyspark.sql import functions as F
+
+    if len(df.columns) != len(columns):
+        raise ConfigError(f"chunk select of {table} returned {len(df.columns)} columns")
     # Rename positionally: no Spark name parsing of hostile column names.
     temp = [f"_c{i}" for i in range(len(df.columns))]
     df = df.toDF(*temp)
     selected = []
-    for name, col in zip(temp, schema.columns, strict=True):
+    for name, col in zip(temp, columns, strict=True):
         data_type = spark_data_type(col.spark_type)
         base = col.source_type.split("(")[0].strip().lower()
         column = F.col(name)
