@@ -5,6 +5,16 @@ written per table with Delta's idempotent-write markers (``txnAppId`` = the sour
 ``txnVersion`` = the batch number), so a batch replayed after a crash is skipped by Delta
 itself. Chunk rows never pass through Python: an emission reads the staged chunk, drops the
 window's seen keys with an anti-join and numbers the rest after the high watermark.
+
+Changelog ``op`` values: ``c``/``u``/``d`` (log events), ``r`` (chunk rows at the high
+watermark), ``d`` with a ``_dblog_window_id`` (a mirror row a complete chunk read proved gone,
+at the high watermark, numbered with the chunk's ``r`` rows in key order) and ``t`` (TRUNCATE
+or DROP: every row of the table before this position is gone).
+
+Readers: new tables use no Delta feature delta-rs refuses; type widening is enabled on a
+table only when one of its columns widens (such a table needs a reader that supports it).
+The writer's idempotent-DML settings live in its own session, set only around its MERGE;
+staging (called from capture threads) uses another session.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.chunking import KeyRange, key_order
+from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
@@ -484,13 +494,13 @@ class DeltaSink:
         batch: int,
         *,
         coverage: KeyRange | None = None,
-        unchanged_before: Sequence[Key] = (),
+        changed_before: Sequence[Key] = (),
     ) -> DataFrame:
         """The chunk's ``r`` rows and, with ``coverage``, the ``d`` rows of mirror keys in
         that range the chunk lacks, numbered together in key order after the high watermark.
 
-        ``unchanged_before``: keys this batch changes before the high watermark besides the
-        window's own (their mirror row is stale: never proven gone by the chunk).
+        ``changed_before``: keys this batch's log events change before the high watermark
+        (the mirror row is stale for them; a log ``d`` already says when one went away).
         """
         table = em.window.table
         types = {c.name: spark_type(c.spark_type) for c in columns}
@@ -499,8 +509,8 @@ class DeltaSink:
         staged_all = staged_all.where(F.col(WINDOW_COLUMN) == em.window.window_id)
         staged = staged_all
         if em.dropped_keys:
-            staged = staged.join(self._keys_df(sorted(em.dropped_keys, key=key_order), key,
-                                               types), on=list(key), how="left_anti")
+            staged = staged.join(self._keys_df(list(em.dropped_keys), key, types),
+                                 on=list(key), how="left_anti")
         order_cols = [f"_dblog_k{i}" for i in range(len(key))]
 
         def row_of(df: DataFrame) -> SparkColumn:
@@ -526,9 +536,9 @@ class DeltaSink:
             gone = mirror.where(key_range_predicate(key, coverage, [types[k] for k in key]))
             gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
                              on=list(key), how="left_anti")
-            kept = set(em.dropped_keys) | set(unchanged_before)
+            kept = set(em.dropped_keys) | set(changed_before)
             if kept:
-                gone = gone.join(self._keys_df(sorted(kept, key=key_order), key, types),
+                gone = gone.join(self._keys_df(list(kept), key, types),
                                  on=list(key), how="left_anti")
             body = body.unionByName(gone.select(
                 *ordered(gone),
@@ -564,13 +574,12 @@ class DeltaSink:
             if coverage is not None and any(t < em.position for t in tb.truncates):
                 coverage = None  # the mirror rows before the truncate are gone already
             changed = (
-                sorted({ev.key for ev in tb.events
-                        if ev.position < em.position and _maybe_in(coverage, ev.key)},
-                       key=key_order)
+                list({ev.key for ev in tb.events
+                      if ev.position < em.position and _maybe_in(coverage, ev.key)})
                 if coverage is not None else []
             )
             out.append(self._emission_df(em, columns, key, batch, coverage=coverage,
-                                         unchanged_before=changed))
+                                         changed_before=changed))
         return out
 
     @property
