@@ -147,9 +147,10 @@ def check_temporal_key(table: object, key_types: Sequence[tuple[str, str]], sql_
     ``sql_mode`` (empty when the table's key is safe).
 
     ``key_types`` are the key columns' ``(name, base type)`` in key order. A zero, partial
-    zero or invalid date has no lake value (it lands as NULL), so two source keys could
-    become one lake key; such a key column is refused unless ``sql_mode`` refuses those
-    values.
+    zero or invalid date has no lake value (it would land as NULL, and two source keys could
+    become one lake key): the operator is warned unless ``sql_mode`` refuses those values.
+    Should such a value ever arrive, the tailer and the chunk read stop on it
+    (:func:`null_key_problem`) instead of merging keys.
     """
     temporal = [(n, t) for n, t in key_types if t.lower() in ZERO_DATE_TYPES]
     loopholes = zero_date_loopholes(sql_mode)
@@ -159,14 +160,14 @@ def check_temporal_key(table: object, key_types: Sequence[tuple[str, str]], sql_
     problems = []
     for name, base in temporal:
         problems.append(
-            f"table {table} cannot be captured: primary key column {name!r} is "
+            f"table {table}: primary key column {name!r} is "
             f"{base.upper()} and the server's sql_mode {shown} ({', '.join(loopholes)}) lets "
             "it hold zero, partial zero or invalid dates ('0000-00-00', '2020-00-15', "
-            "'2020-02-31'), which the lake cannot represent: they would land as NULL and two "
-            "source keys could become one. Fix: add STRICT_TRANS_TABLES, NO_ZERO_DATE and "
-            "NO_ZERO_IN_DATE to sql_mode (and remove ALLOW_INVALID_DATES) under [mariadbd] in "
-            "the server's configuration and with SET GLOBAL sql_mode=..., after checking "
-            f"that no row holds such a value in {name!r}"
+            "'2020-02-31'), which the lake cannot represent: a row with such a key would stop "
+            "the tailer and captures of the table. To rule it out: add STRICT_TRANS_TABLES, "
+            "NO_ZERO_DATE and NO_ZERO_IN_DATE to sql_mode (and remove ALLOW_INVALID_DATES) "
+            "under [mariadbd] in the server's configuration and with SET GLOBAL sql_mode=..., "
+            f"after checking that no row holds such a value in {name!r}"
         )
     return problems
 

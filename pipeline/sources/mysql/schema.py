@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -12,6 +13,9 @@ from pipeline.events import TableId
 from pipeline.sources.base import Column, TableSchema
 from pipeline.sources.mysql.checks import ZERO_DATE_TYPES, check_temporal_key
 from pipeline.sources.mysql.types import SourceType, from_information_schema
+
+log = logging.getLogger(__name__)
+_warned: set[TableId] = set()
 
 _COLUMNS_SQL = (
     "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,"
@@ -48,8 +52,10 @@ def no_primary_key(table: TableId) -> SourceError:
 def load_table_schema(conn: Any, table: TableId) -> TableSchema:
     """The current schema of ``table`` from information_schema (columns in table order).
 
-    SourceError for a DATE/DATETIME/TIMESTAMP key column while the server's global
-    sql_mode lets it hold zero or invalid dates (see ``checks.check_temporal_key``).
+    A DATE/DATETIME/TIMESTAMP key column while the server's global sql_mode lets it hold
+    zero or invalid dates is logged as a warning once (``checks.check_temporal_key``): such a
+    key value, if one ever appears, stops the tailer or the chunk read with a clear error
+    rather than merging two keys, so the table can still be captured.
     """
     if any(ord(ch) > 0xFFFF or ch == "\x00" for ch in str(table)):
         raise SourceError(f"table {table} does not exist: not a valid MariaDB identifier")
@@ -83,8 +89,9 @@ def load_table_schema(conn: Any, table: TableId) -> TableSchema:
             cur.execute("SELECT @@GLOBAL.sql_mode")
             sql_mode = str(cur.fetchone()[0] or "")
         problems = check_temporal_key(table, key_types, sql_mode)
-        if problems:
-            raise SourceError("; ".join(problems))
+        if problems and table not in _warned:
+            _warned.add(table)
+            log.warning("%s", "; ".join(problems))
     return TableSchema(table, tuple(columns), key)
 
 
