@@ -38,7 +38,7 @@ from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.sources.mysql.snapshot import read_max_key
-from pipeline.state import ABSENT, RangeProgress, StateStore, WindowState
+from pipeline.state import RangeProgress, StateStore, WindowState
 from pipeline.tailer import chunk_path
 
 
@@ -180,12 +180,14 @@ class Capturer:
             "keys": [key_to_json(k) for k in request.keys] if request.keys is not None else None,
             "where": request.where,
         }
-        self.state.create_capture(capture_id, request.tables, spec)
+        planned_ranges: dict[str, RangeProgress] = {}
         for table in request.tables:
             planned = (ranges or {}).get(table) or [KeyRange(None, None)]
             for i, kr in enumerate(planned):
                 progress = RangeProgress(table, kr.lower, kr.upper, last_emitted_key=kr.lower)
-                self.state.put_range(capture_id, range_id_for(table, i), progress, ABSENT)
+                planned_ranges[range_id_for(table, i)] = progress
+        # One ZooKeeper transaction: a capture never exists without its ranges.
+        self.state.create_capture(capture_id, request.tables, spec, planned_ranges)
         return capture_id
 
     # ---- running --------------------------------------------------------------------------
@@ -199,7 +201,11 @@ class Capturer:
     ) -> list[RangeReport]:
         """Run every unfinished range of the capture, in order; returns one report each."""
         reports = []
-        for range_id in sorted(self.state.list_ranges(capture_id)):
+        range_ids = sorted(self.state.list_ranges(capture_id))
+        if not range_ids:
+            raise DblogError(f"capture {capture_id} has no key ranges (its creation was "
+                             "interrupted): cancel it and start a new capture")
+        for range_id in range_ids:
             report = self.run_range(capture_id, range_id, stop=stop, on_progress=on_progress)
             reports.append(report)
             if report.status in ("paused", "cancelled", "stopped"):
@@ -250,15 +256,15 @@ class Capturer:
             if stop.is_set():
                 report.status = "stopped"
                 break
-            ends_range = False
+            ends_range = open_end = False
             if key_list is None:
                 fixed = self._fix_upper(capture_id, range_id, stop)
                 if fixed is None:
                     continue  # stopped while waiting for the tailer
-                progress, ends_range = fixed
+                progress, ends_range, open_end = fixed
             outcome = self._walk(
                 capture_id, range_id, progress, key_list, where, stop, report, on_progress,
-                ends_range=ends_range,
+                ends_range=ends_range, open_end=open_end,
             )
             if outcome == "aborted":
                 report.retries += 1
@@ -272,24 +278,28 @@ class Capturer:
 
     def _fix_upper(
         self, capture_id: str, range_id: str, stop: threading.Event
-    ) -> tuple[RangeProgress, bool] | None:
+    ) -> tuple[RangeProgress, bool, bool] | None:
         """Fix an open upper bound to the table's greatest key (once, before the first chunk).
 
-        Returns the progress and whether the range ends with its next chunk (no key lay
-        above its lower bound); ``None`` if stopped while waiting for the tailer. The key is
-        read only once the tailer has a committed position: a row inserted later lands in the
-        log after it, so the tail brings it. Other captures never read past the fixed bound.
+        Returns the progress, whether the range ends with its next chunk (no key lay above
+        its lower bound) and whether it was open-ended (then it ends with one chunk past the
+        fixed bound, see :meth:`_walk`); ``None`` if stopped while waiting for the tailer.
+        The key is read only once the tailer has a committed position: a row inserted later
+        lands in the log after it, so the tail brings it.
         """
         while True:
             found = self.state.get_range(capture_id, range_id)
             if found is None:
                 raise DblogError(f"range {range_id} of capture {capture_id} disappeared")
             progress = found.value
-            if progress.upper is not None or progress.done:
-                return progress, False
+            if progress.done:
+                return progress, False, False
             note = self.state.get(bounds_path(capture_id, range_id))
             if note is not None:
-                return progress, bool(note.value.get("empty"))
+                empty = bool(note.value.get("empty"))
+                return progress, empty, not empty
+            if progress.upper is not None:
+                return progress, False, False
             if not self._wait_for_position(stop):
                 return None
             position = self.state.get_position()
@@ -347,12 +357,20 @@ class Capturer:
         on_progress: Callable[[RangeReport], None] | None,
         *,
         ends_range: bool = False,
+        open_end: bool = False,
     ) -> str:
-        """Select chunks from the last emitted key, pipelined; returns how the walk ended."""
+        """Select chunks from the last emitted key, pipelined; returns how the walk ended.
+
+        An ``open_end`` range (its upper bound was fixed from "open") ends with one more
+        chunk read past that bound without an upper limit: it always ends the range, rows
+        inserted up there since are current at its high watermark anyway, and when it comes
+        back short it proves which mirror keys past the table's old end no longer exist.
+        """
         table = progress.table
         schema = self.dialect.table_schema(table)
         limit = self.options.chunk_sizes.get(table, self.options.chunk_size)
         after = progress.last_emitted_key
+        past_bound = open_end and after is not None and after == progress.upper
         inflight: list[str] = []
         outcome = "done"
         while True:
@@ -367,17 +385,19 @@ class Capturer:
                     on_progress(report)
             if outcome == "aborted":
                 break
-            wid, rows, last = self._chunk(
-                capture_id, range_id, table, schema, after, progress.upper, keys, where, limit,
-                ends_range=ends_range,
+            bounded = open_end and not past_bound
+            wid, rows, last, reached_end = self._chunk(
+                capture_id, range_id, table, schema, after,
+                None if past_bound else progress.upper, keys, where, limit,
+                ends_range=ends_range or past_bound, not_final=bounded,
             )
             inflight.append(wid)
             report.chunks += 1
             report.rows_selected += rows
-            outcome_of_chunk = _outcome(after, progress.upper, rows, limit, last, keys, where,
-                                        ends_range)
-            if outcome_of_chunk.final:
+            if reached_end and not bounded:
                 break
+            if reached_end:
+                past_bound = True
             after = last
         # On an exception the windows stay open; the next run's _recover settles them.
         for wid in inflight:
@@ -399,10 +419,13 @@ class Capturer:
         limit: int,
         *,
         ends_range: bool = False,
-    ) -> tuple[str, int, Key | None]:
+        not_final: bool = False,
+    ) -> tuple[str, int, Key | None, bool]:
         """One DBLog chunk: register, LW, select + stage, describe, HW.
 
-        Returns the window id, the rows selected and the last key read (``after`` if none).
+        Returns the window id, the rows selected, the last key read (``after`` if none) and
+        whether the chunk reached the end of ``(after, upper]``; ``not_final``: even then
+        the range goes on (an open-ended range's last chunk reads past ``upper``).
         """
         wid = uuid.uuid4().hex
         window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
@@ -429,14 +452,15 @@ class Capturer:
         deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
             "rows": rows, "last_key": key_to_json(last),
-            "final": outcome.final, "capture_id": capture_id, "range_id": range_id,
+            "final": outcome.final and not not_final,
+            "capture_id": capture_id, "range_id": range_id,
             "delete_range": None if deletes is None else {
                 "after": key_to_json(deletes[0]), "through": key_to_json(deletes[1]),
             },
         }, None)
         self.dialect.write_watermark(window.high)
         crash_point("capture.after_hw")
-        return wid, rows, last
+        return wid, rows, last, outcome.final
 
     def _wait(self, window_id: str, report: RangeReport) -> str:
         """Wait until the tailer emitted or aborted the window."""

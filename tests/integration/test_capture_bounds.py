@@ -27,7 +27,6 @@ from pipeline.events import TableId
 from pipeline.runtime import Runtime, open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
-from pipeline.sources.mysql import schema as mysql_schema
 from pipeline.tailer import chunk_path
 from pipeline.verify import verify_table
 
@@ -297,10 +296,6 @@ def test_timestamp_keys_are_captured_once_whatever_the_host_time_zone(
     server_id: int,
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    # The local server's global sql_mode admits zero dates, so validation refuses TIMESTAMP
-    # keys (pipeline.sources.mysql.checks.check_temporal_key). These rows hold no zero date;
-    # tightening the global sql_mode would disturb tests running beside this one.
-    monkeypatch.setattr(mysql_schema, "check_temporal_key", lambda *args: [])
     db = make_db(services, [
         "CREATE TABLE {db}.ts (t TIMESTAMP(6) NOT NULL PRIMARY KEY, v INT NOT NULL)",
     ])
@@ -414,8 +409,8 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
         def note(request: CaptureRequest, after: Any, upper: Any) -> dict[str, Any]:
             capture_id = capturer.plan(request)
             range_id = next(iter(rt.state.list_ranges(capture_id)))
-            wid, _, _ = capturer._chunk(capture_id, range_id, table, schema, after, upper,
-                                        request.keys, request.where, 25)
+            wid, _, _, _ = capturer._chunk(capture_id, range_id, table, schema, after, upper,
+                                           request.keys, request.where, 25)
             found = rt.state.get(chunk_path(wid))
             assert found is not None
             return found.value

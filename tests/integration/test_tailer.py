@@ -45,8 +45,8 @@ def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
         capture_id = capturer.plan(CaptureRequest((table,)))
         range_id = next(iter(rt.state.list_ranges(capture_id)))
         schema = rt.dialect.table_schema(table)
-        wid, rows, last = capturer._chunk(capture_id, range_id, table, schema, None, None,
-                                          None, None, 25)
+        wid, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, None,
+                                             None, None, 25)
         window = rt.state.get_window(wid)
         assert window is not None and rows == 25 and last == (25,)
         rt.dialect.write_watermark(window.value.window.high)  # the repeated high watermark
