@@ -265,6 +265,8 @@ class RangeProgress:
     rows_emitted: int = 0
     rows_dropped: int = 0
     done: bool = False
+    rows_deleted: int = 0
+    """Mirror rows the chunks proved gone from the source (emitted as deletes)."""
 
     @property
     def key_range(self) -> KeyRange:
@@ -280,6 +282,7 @@ class RangeProgress:
             "rows_emitted": self.rows_emitted,
             "rows_dropped": self.rows_dropped,
             "done": self.done,
+            "rows_deleted": self.rows_deleted,
         }
 
     @classmethod
@@ -293,6 +296,7 @@ class RangeProgress:
             int(d["rows_emitted"]),
             int(d["rows_dropped"]),
             bool(d["done"]),
+            int(d.get("rows_deleted", 0)),
         )
 
 

@@ -16,6 +16,7 @@ Crash safety:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
+from pipeline.chunking import KeyRange
 from pipeline.errors import StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
@@ -56,6 +58,16 @@ CHUNKS = "chunks"
 """ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
 EXPIRY_CHECK_S = 30.0
 """How often a busy tailer looks for expired windows (an idle one looks at every poll)."""
+
+
+NOTICES = "notices"
+"""ZooKeeper folder of per-table notices (a DDL that may have rewritten rows)."""
+
+
+def notice_path(table: TableId) -> str:
+    """Where the notice about ``table`` is kept (a name ZooKeeper accepts for any table)."""
+    digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:16]
+    return f"{NOTICES}/{digest}"
 
 
 def new_generation() -> str:
@@ -155,6 +167,7 @@ class Tailer:
         self._replay_outcomes: dict[str, str] | None = None
         """While a recorded batch is rebuilt: the window outcomes it must hold."""
         self._last_expiry = 0.0
+        self._spark_key_order: dict[TableId, bool] = {}
 
     # ---- public -----------------------------------------------------------------------
 
@@ -213,6 +226,13 @@ class Tailer:
     def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None,
              reset_to_head: bool) -> TailSummary:
         summary = TailSummary()
+        # A run starts from ZooKeeper alone: a tailer object that lost the lock and won it
+        # back (standby) must not trust windows or range versions it held before.
+        self._proc = WindowProcessor()
+        self._ranges.clear()
+        self._window_docs.clear()
+        self._settled.clear()
+        self._replay_outcomes = None
         if reset_to_head:
             self._reset_to_head()
         committed = self._initial_position()
@@ -353,6 +373,8 @@ class Tailer:
             if isinstance(item, SchemaChange):
                 if item.resets_rows and item.table in self._tracked:
                     self._table_reset(item, pending, warm)
+                elif item.rewrites_rows and item.table in self._tracked and not warm:
+                    self._repair_advised(item)
                 continue
             if isinstance(item, ChangeEvent) and item.table not in self._tracked:
                 continue
@@ -401,6 +423,18 @@ class Tailer:
             pending.table(change.table).truncates.append(change.position)
             pending.events += 1
 
+    def _repair_advised(self, change: SchemaChange) -> None:
+        """A DDL may have rewritten rows without row events: say so where operators look
+        (the log and ``dblog status``); a capture of the table repairs the mirror."""
+        log.warning("%s: %r at %s may have changed rows without row events; capture the "
+                    "table to repair its mirror (`dblog capture %s`)", change.table,
+                    change.statement[:120], change.position, change.table)
+        self.state.put(notice_path(change.table), {
+            "table": [change.table.database, change.table.table],
+            "statement": change.statement[:2000], "lsn": change.position.lsn,
+            "noted_at_ms": int(time.time() * 1000),
+        }, None)
+
     # ---- chunk emissions and range progress ---------------------------------------------
 
     def _range(self, capture_id: str, range_id: str) -> Versioned[RangeProgress] | None:
@@ -438,11 +472,15 @@ class Tailer:
         if reason is not None:
             self._abort(wid, reason, pending)
             return
+        assert doc is not None and chunk is not None
         self._settled.add(wid)
-        pending.table(em.window.table).emissions.append(em)
+        batch = pending.table(em.window.table)
+        batch.emissions.append(em)
+        covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
+        if covered is not None:
+            batch.coverage[wid] = covered
         # Advance the in-memory progress now so a later chunk of the same range in this
         # batch is judged against it; ZooKeeper gets it in the batch's commit.
-        assert doc is not None and chunk is not None
         cid, rid = str(doc.extra["capture_id"]), str(doc.extra["range_id"])
         current = self._ranges[(cid, rid)]
         rows_selected = int(chunk.value["rows"])
@@ -457,6 +495,18 @@ class Tailer:
         pending.window_updates[wid] = WindowUpdate(
             wid, "emitted", extra={"rows_selected": rows_selected, "position": em.position.lsn}
         )
+
+    def _coverage(self, table: TableId, delete_range: Any) -> KeyRange | None:
+        """The key range whose mirror rows the chunk proves gone when it did not return them
+        (None: a filtered chunk, or a key order Spark cannot reproduce for range tests)."""
+        if not isinstance(delete_range, Mapping):
+            return None
+        if table not in self._spark_key_order:
+            self._spark_key_order[table] = self.dialect.spark_orders_keys_like_source(table)
+        if not self._spark_key_order[table]:
+            return None
+        return KeyRange(key_from_json(delete_range.get("after")),
+                        key_from_json(delete_range.get("through")))
 
     # ---- commit -------------------------------------------------------------------------
 
@@ -522,6 +572,7 @@ class Tailer:
         report = BatchReport(batch_no, pending.end_position, pending.events,
                              commit_ts_ms=pending.commit_ts_ms)
         emitted_rows: dict[str, int] = {}
+        deleted_rows: dict[str, int] = {}
         crash_point("tail.before_delta")
         for table, tb in pending.tables.items():
             for schema in pending.schemas.get(table, []):
@@ -533,6 +584,7 @@ class Tailer:
             crash_point("tail.after_table_write")
             for r in results:
                 emitted_rows[r.window_id] = r.rows_emitted
+                deleted_rows[r.window_id] = r.rows_deleted
         ranges: list[RangeUpdate] = []
         touched: set[tuple[str, str]] = set()
         for wid, update in pending.window_updates.items():
@@ -546,11 +598,13 @@ class Tailer:
                     cur.value,
                     rows_emitted=cur.value.rows_emitted + rows,
                     rows_dropped=cur.value.rows_dropped + selected - rows,
+                    rows_deleted=cur.value.rows_deleted + deleted_rows.get(wid, 0),
                 )
                 self._ranges[key] = Versioned(progress, cur.version)
                 touched.add(key)
                 pending.window_updates[wid] = WindowUpdate(
-                    wid, "emitted", extra={**(update.extra or {}), "rows_emitted": rows}
+                    wid, "emitted", extra={**(update.extra or {}), "rows_emitted": rows,
+                                           "rows_deleted": deleted_rows.get(wid, 0)}
                 )
                 report.emitted_windows.append(wid)
                 report.rows_emitted += rows

@@ -30,11 +30,14 @@ def source_rows(ep: Endpoints, db: str, table: str, key: tuple[str, ...]) -> dic
 
 def replay_changelog(changelog: pd.DataFrame, key: tuple[str, ...]) -> dict[tuple[Any, ...],
                                                                             dict[str, Any]]:
-    """Apply the changelog in (_dblog_lsn, _dblog_seq) order with plain pandas + dicts."""
+    """Apply the changelog in (_dblog_lsn, _dblog_seq) order with plain pandas + dicts
+    (``t``: the table was truncated or dropped, every earlier row is gone)."""
     ordered = changelog.sort_values(["_dblog_lsn", "_dblog_seq"], kind="stable")
     state: dict[tuple[Any, ...], dict[str, Any]] = {}
     for op, before, after in zip(ordered["op"], ordered["before"], ordered["after"], strict=True):
-        if op == "d":
+        if op == "t":
+            state.clear()
+        elif op == "d":
             state.pop(tuple(before[k] for k in key), None)
         else:
             state[tuple(after[k] for k in key)] = dict(after)
@@ -93,6 +96,8 @@ def check_table(spark: SparkSession, ep: Any, db: str, table: str, key: tuple[st
     for op, before, after, lsn, seq in zip(ordered["op"], ordered["before"], ordered["after"],
                                            ordered["_dblog_lsn"], ordered["_dblog_seq"],
                                            strict=True):
+        if op == "t":
+            continue  # no key: a table reset
         image = before if op == "d" else after
         k = tuple(normalize(image[c]) for c in key)
         assert last.get(k, (-1, -1)) < (lsn, seq), f"{table}: key {k} went back in position"
