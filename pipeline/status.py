@@ -26,6 +26,10 @@ class TableStatus:
     rows_emitted: int = 0
     rows_dropped: int = 0
     captures: list[str] = field(default_factory=list)
+    rows_deleted: int = 0
+    repair_advised: str | None = None
+    """A DDL that may have rewritten rows without row events, not yet followed by a finished
+    capture of the table."""
 
 
 @dataclass
@@ -96,6 +100,28 @@ def lag_seconds(lag_bytes: int | None, commit_ts_ms: int | None, now_s: float
     return max(0.0, now_s - commit_ts_ms / 1000)
 
 
+def _add_repair_notices(rt: Runtime, tables: dict[TableId, TableStatus]) -> None:
+    """Notices the tailer left for DDL that may have rewritten rows, unless a capture of the
+    table finished after the DDL was seen."""
+    from pipeline.tailer import NOTICES
+
+    repaired: dict[TableId, int] = {}
+    for found in rt.state.list_captures():
+        cap = found.value
+        if cap.status == "done":
+            for t in cap.tables:
+                repaired[t] = max(repaired.get(t, 0), cap.updated_at_ms)
+    for name in rt.state.children(NOTICES):
+        notice = rt.state.get(f"{NOTICES}/{name}")
+        if notice is None:
+            continue
+        table = TableId(*notice.value["table"])
+        if repaired.get(table, 0) > int(notice.value.get("noted_at_ms", 0)):
+            continue
+        ts = tables.setdefault(table, TableStatus(table))
+        ts.repair_advised = str(notice.value.get("statement", ""))[:80]
+
+
 def collect_status(rt: Runtime) -> SourceStatus:
     """Read capture progress and the tailer's position from ZooKeeper, the head from the source."""
     tables = {t: TableStatus(t) for t in rt.config.table_ids}
@@ -109,8 +135,10 @@ def collect_status(rt: Runtime) -> SourceStatus:
             ts.chunks += progress.value.chunks_emitted
             ts.rows_emitted += progress.value.rows_emitted
             ts.rows_dropped += progress.value.rows_dropped
+            ts.rows_deleted += progress.value.rows_deleted
             if f"{cap.capture_id} ({cap.status})" not in ts.captures:
                 ts.captures.append(f"{cap.capture_id} ({cap.status})")
+    _add_repair_notices(rt, tables)
     pos = rt.state.get_position()
     head = dict(rt.dialect.head_position())
     lag = None
@@ -159,14 +187,20 @@ def render_status(rt: Runtime, console: Console | None = None) -> SourceStatus:
         f" / {f'{status.lag_seconds:.0f}' if status.lag_seconds is not None else '?'}s, "
         f"last commit {status.seconds_since_commit or 0:.0f}s ago"
     )
-    grid = Table("table", "ranges", "progress", "chunks", "rows emitted", "dropped", "captures")
+    grid = Table("table", "ranges", "progress", "chunks", "rows emitted", "dropped", "deleted",
+                 "captures")
     for ts in status.tables:
         total = max(ts.ranges_total, 1)
         grid.add_row(
             str(ts.table), f"{ts.ranges_done}/{ts.ranges_total}",
             ProgressBar(total=total, completed=ts.ranges_done, width=20),
-            str(ts.chunks), str(ts.rows_emitted), str(ts.rows_dropped),
+            str(ts.chunks), str(ts.rows_emitted), str(ts.rows_dropped), str(ts.rows_deleted),
             ", ".join(ts.captures) or "-",
         )
     console.print(grid)
+    for ts in status.tables:
+        if ts.repair_advised is not None:
+            console.print(f"[yellow]repair advised[/yellow] {ts.table}: "
+                          f"{ts.repair_advised!r} may have changed rows without row events; "
+                          f"run `dblog capture {ts.table}`")
     return status

@@ -397,3 +397,41 @@ def test_a_capture_removes_mirror_rows_gone_from_the_source(
                    .where((F.col("op") == "d") & F.col("_dblog_window_id").isNotNull())
                    .select(F.col("before.id").alias("id")).collect())
         assert sorted(r["id"] for r in deletes) == [50, 1001, 2002]
+
+
+def test_ddl_that_may_rewrite_rows_advises_a_repair_until_a_capture(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ADD COLUMN ... DEFAULT gives every existing row a value without row events: the
+    mirror is wrong for them until a capture; status must say so."""
+    from rich.console import Console
+
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import CaptureRequest
+    from pipeline.status import render_status
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services, rows=10)
+    config = config_for(tmp_path, services, db, 7908)
+    table = TableId(db, "t")
+
+    def status_text(rt: Any) -> str:
+        console = Console(width=200, record=True)
+        render_status(rt, console)
+        return console.export_text()
+
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        execute(services, db, "INSERT INTO t VALUES (11, 11)",
+                "ALTER TABLE t ADD COLUMN w INT NOT NULL DEFAULT 7")
+        rt.tailer().run(until_caught_up=True)
+        assert "repair advised" in status_text(rt)
+        with BackgroundTailer(rt.tailer()) as bg:
+            capturer = rt.capturer()
+            capturer.health_check = bg.check
+            assert [r.status for r in capturer.run(capturer.plan(
+                CaptureRequest((table,))))] == ["done"]
+        assert "repair advised" not in status_text(rt)
+        report = verify_table(rt.dialect, rt.sink, table)
+        assert report.ok, report.summary()
