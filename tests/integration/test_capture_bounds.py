@@ -29,19 +29,9 @@ from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from pipeline.tailer import chunk_path
 from pipeline.verify import verify_table
+from tests.integration.helpers import make_db
 
 pytestmark = pytest.mark.integration
-
-
-def make_db(ep: Endpoints, ddl: list[str]) -> str:
-    db = f"cb_{uuid.uuid4().hex[:8]}"
-    conn = connect(ep)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {q(db)}")
-        for statement in ddl:
-            cur.execute(statement.format(db=q(db)))
-    conn.close()
-    return db
 
 
 @contextmanager
@@ -211,7 +201,8 @@ def test_capture_ends_while_rows_keep_arriving_at_the_end_of_the_key_space(
     services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, ["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+    db = make_db(services, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
     conn = connect(services, db)
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 1501)])
@@ -237,7 +228,8 @@ def test_capture_of_an_empty_table_ends_while_rows_arrive(
     """The table is empty when the capture fixes its range's upper bound; rows arrive from
     then on. The range ends with one chunk; the log brings the rest."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, ["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+    db = make_db(services, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
     table = TableId(db, "t")
     with runtime(services, tmp_path, db, ["t"], server_id=7602, chunk_size=20) as (rt, bg):
         writer = Inserter(services, db, "t", first_id=1, existing=0)
@@ -296,7 +288,7 @@ def test_timestamp_keys_are_captured_once_whatever_the_host_time_zone(
     server_id: int,
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, [
+    db = make_db(services, prefix="cb", ddl=[
         "CREATE TABLE {db}.ts (t TIMESTAMP(6) NOT NULL PRIMARY KEY, v INT NOT NULL)",
     ])
     conn = connect(services, db)
@@ -363,7 +355,7 @@ def test_chunks_continue_from_the_last_key_in_the_databases_order(
     services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, [ddl for ddl, _ in KEY_TABLES.values()])
+    db = make_db(services, prefix="cb", ddl=[ddl for ddl, _ in KEY_TABLES.values()])
     fill_key_tables(services, db)
     tables = [TableId(db, name) for name in KEY_TABLES]
     with runtime(services, tmp_path, db, list(KEY_TABLES), server_id=7604,
@@ -392,7 +384,8 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
     up to the last key of a full chunk, up to the range's upper bound of a short one, and
     nothing for a filtered capture."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT NOT NULL)"])
+    db = make_db(services, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT NOT NULL)"])
     conn = connect(services, db)
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 41)])

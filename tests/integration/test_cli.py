@@ -20,19 +20,9 @@ from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from tests.integration.checks import check_table
+from tests.integration.helpers import make_db
 
 pytestmark = pytest.mark.integration
-
-
-def make_db(ep: Endpoints, ddl: list[str], prefix: str = "cli") -> str:
-    db = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    conn = connect(ep)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {q(db)}")
-        for statement in ddl:
-            cur.execute(statement.format(db=q(db)))
-    conn.close()
-    return db
 
 
 def write_cfg(path: Path, ep: Endpoints, tables: list[str], **overrides: Any) -> Path:
@@ -60,7 +50,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_table_without_primary_key_is_refused(
     env: Endpoints, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = make_db(env, ["CREATE TABLE {db}.heap (a INT, b TEXT)"])
+    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.heap (a INT, b TEXT)"])
     cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.heap"])
     code, _, err = run(capsys, "-c", str(cfg), "capture")
     assert code == 2
@@ -71,7 +61,7 @@ def test_unknown_table_wrong_password_unreachable_server(
     env: Endpoints, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    db = make_db(env, ["CREATE TABLE {db}.t (id INT PRIMARY KEY)"])
+    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY)"])
     cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.missing"])
     code, _, err = run(capsys, "-c", str(cfg), "capture")
     assert code == 2 and f"{db}.missing" in err
@@ -94,7 +84,7 @@ def test_malformed_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_purged_position_says_to_run_a_capture(
     env: Endpoints, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = make_db(env, ["CREATE TABLE {db}.t (id INT PRIMARY KEY)"])
+    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY)"])
     cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"])
     config = load_config(cfg)
     from pipeline.events import Position
@@ -114,7 +104,7 @@ def test_purged_position_says_to_run_a_capture(
 def test_verify_status_pause_resume(
     env: Endpoints, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = make_db(env, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20))"])
+    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20))"])
     conn = connect(env, db)
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, f"v{i}") for i in range(1, 601)])

@@ -3,9 +3,6 @@ duplicated, and the same invariants as the concurrent-write test hold."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,7 @@ from pipeline.sample import TABLES, Workload, create_schema, write_config
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table, check_untouched_captured_once, source_rows
+from tests.integration.helpers import run_dblog
 
 pytestmark = pytest.mark.integration
 
@@ -26,17 +24,7 @@ KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
 
 
 def dblog(config: Path, *args: str, fault: str | None = None, password: str) -> int:
-    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password}
-    env.pop("DBLOG_FAULT", None)
-    if fault:
-        env["DBLOG_FAULT"] = fault
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "-c", str(config), *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode not in (0, -9):
-        raise AssertionError(f"dblog {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return proc.returncode
+    return run_dblog(config, *args, password=password, fault=fault)[0]
 
 
 CRASHES = (

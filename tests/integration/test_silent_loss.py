@@ -3,9 +3,6 @@ services, each must now recover exactly or stop with a clear error."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,30 +14,12 @@ import yaml
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect, q
+from pipeline.sample import config_dict, connect
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
+from tests.integration.helpers import execute, make_db, run_dblog
 
 pytestmark = pytest.mark.integration
-
-
-def make_db(ep: Endpoints, ddl: list[str]) -> str:
-    db = f"loss_{uuid.uuid4().hex[:8]}"
-    conn = connect(ep)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {q(db)}")
-        for statement in ddl:
-            cur.execute(statement.format(db=q(db)))
-    conn.close()
-    return db
-
-
-def execute(ep: Endpoints, db: str, *statements: str) -> None:
-    conn = connect(ep, db)
-    with conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
-    conn.close()
 
 
 def write_cfg(path: Path, ep: Endpoints, tables: list[str], server_id: int) -> Path:
@@ -49,20 +28,6 @@ def write_cfg(path: Path, ep: Endpoints, tables: list[str], server_id: int) -> P
                          batch_seconds=0.3, poll_seconds=0.2)
     path.write_text(yaml.safe_dump(config, allow_unicode=True))
     return path
-
-
-def dblog(config: Path, *args: str, password: str, fault: str | None = None) -> tuple[int, str]:
-    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password}
-    env.pop("DBLOG_FAULT", None)
-    if fault:
-        env["DBLOG_FAULT"] = fault
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "-c", str(config), *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode not in (0, -9):
-        raise AssertionError(f"dblog {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return proc.returncode, proc.stdout
 
 
 def wait_lock_free(config: Path, timeout: float = 60) -> None:
@@ -81,16 +46,16 @@ def test_a_crash_after_the_delta_write_loses_no_later_transaction(
     transaction joined the crashed batch, Delta skipped it as already written."""
     pw = services.mariadb_password
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
-    db = make_db(services, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+    db = make_db(services, prefix="loss", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
                             "CREATE TABLE {db}.u (id INT PRIMARY KEY)"])
     cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7901)
-    assert dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
+    assert run_dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
     execute(services, db, "INSERT INTO t VALUES (1, 1)", "INSERT INTO u VALUES (1)")
-    code, _ = dblog(cfg, "tail", "--until-caught-up", password=pw, fault="tail.after_delta:1")
+    code, _ = run_dblog(cfg, "tail", "--until-caught-up", password=pw, fault="tail.after_delta:1")
     assert code == -9
     execute(services, db, "INSERT INTO t VALUES (3, 3)")
     wait_lock_free(cfg)
-    assert dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
+    assert run_dblog(cfg, "tail", "--until-caught-up", password=pw)[0] == 0
     with open_runtime(load_config(cfg), spark=spark) as rt:
         report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
         assert report.ok, report.summary()
@@ -103,7 +68,7 @@ def test_tail_from_head_keeps_every_later_change(
     Delta skipped every later batch as already written."""
     pw = services.mariadb_password
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
-    db = make_db(services, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    db = make_db(services, prefix="loss", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
     cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7902)
     config = load_config(cfg)
     with open_runtime(config, spark=spark) as rt:
@@ -111,11 +76,11 @@ def test_tail_from_head_keeps_every_later_change(
         for i in range(1, 6):  # a few batches in the lake
             execute(services, db, f"INSERT INTO t VALUES ({i}, {i})")  # noqa: S608
             rt.tailer().run(until_caught_up=True)
-    code, out = dblog(cfg, "tail", "--from-head", "--until-caught-up", password=pw)
+    code, out = run_dblog(cfg, "tail", "--from-head", "--until-caught-up", password=pw)
     assert code == 0 and "capture" in out
     execute(services, db, "UPDATE t SET v = v + 100", "INSERT INTO t VALUES (10, 10)",
             "INSERT INTO t VALUES (11, 11)")
-    code, out = dblog(cfg, "tail", "--until-caught-up", password=pw)
+    code, out = run_dblog(cfg, "tail", "--until-caught-up", password=pw)
     assert code == 0 and "tailed 0 events" not in out, out
     with open_runtime(config, spark=spark) as rt:
         report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
@@ -123,7 +88,7 @@ def test_tail_from_head_keeps_every_later_change(
 
 
 def sample_table(ep: Endpoints, rows: int = 0) -> str:
-    db = make_db(ep, ["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    db = make_db(ep, prefix="loss", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
     if rows:
         conn = connect(ep, db)
         with conn.cursor() as cur:

@@ -1,0 +1,51 @@
+"""Small helpers the integration tests share: scratch databases and the `dblog` command in a
+subprocess (so a crash point can SIGKILL it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from pipeline.sample import connect, q
+from pipeline.services import Endpoints
+
+
+def make_db(ep: Endpoints, ddl: list[str], prefix: str = "t") -> str:
+    """A new database named ``<prefix>_<random>``; ``ddl`` statements use ``{db}``."""
+    db = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    conn = connect(ep)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {q(db)}")
+        for statement in ddl:
+            cur.execute(statement.format(db=q(db)))
+    conn.close()
+    return db
+
+
+def execute(ep: Endpoints, db: str, *statements: str) -> None:
+    """Run statements in ``db``, each committed on its own."""
+    conn = connect(ep, db)
+    with conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+    conn.close()
+
+
+def run_dblog(config: Path, *args: str, password: str, fault: str | None = None
+              ) -> tuple[int, str]:
+    """``dblog -c config args`` in a subprocess; (exit code, stdout). A crash point
+    (``fault``, see pipeline/faults.py) ends it with -9; any other failure fails the test."""
+    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password}
+    env.pop("DBLOG_FAULT", None)
+    if fault:
+        env["DBLOG_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "-c", str(config), *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"dblog {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.returncode, proc.stdout
