@@ -33,3 +33,8 @@ dagster: services-up  ## the Dagster UI on http://127.0.0.1:3000
 
 clean: services-down
 	rm -rf .dblog
+
+.PHONY: bench
+bench: services-up  ## capture and tail benchmarks against plain baselines (bench/results/*.json)
+	@$(PY) -m bench.bench_capture
+	@$(PY) -m bench.bench_tail

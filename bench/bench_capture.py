@@ -1,0 +1,230 @@
+"""Capture speed: ``dblog capture`` of one table against a plain Spark JDBC dump of it.
+
+Creates a table of ``--rows`` rows (ten columns of several types, ~150 bytes/row, generated on
+the server), then, in one process and on one SparkSession, for each variant (an idle source,
+and writers at ``--writers-tps`` single-row transactions/s on the same table):
+
+* baseline: ``spark.read.jdbc`` of the whole table (``--baseline-partitions`` JDBC partitions
+  by primary key) written to a new Delta table;
+* dblog: a capture of the table run to the end as ``dblog capture`` runs it (an in-process
+  background tailer, the product's default chunk size and tail settings), from a fresh
+  ZooKeeper root and lake: planning, the tailer's start, every chunk window, staging, emission
+  and the tailer's Delta commits are inside the timing.
+
+Prints rows/s of each and dblog / baseline, and writes ``bench/results/capture.json``.
+
+    .venv/bin/python -m bench.bench_capture [--rows 1000000] [--writers-tps 500] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS_DIR,
+    TABLE,
+    Profile,
+    create_database,
+    drop_database,
+    fill,
+    lake_dir,
+    mariadb_version,
+    paced_writer,
+    pipeline_config,
+    print_table,
+    remove_lake,
+    run_id,
+    server_id,
+    table_facts,
+    write_results,
+)
+from pipeline import services
+from pipeline.sample import q
+
+
+def baseline(spark: Any, dialect: Any, db: str, rows: int, partitions: int, path: Path
+             ) -> dict[str, Any]:
+    """A plain dump: the whole table over JDBC (partitioned by the key) into a Delta table."""
+    began = time.perf_counter()
+    df = (spark.read.format("jdbc").options(**dialect.jdbc_options())
+          .option("dbtable", f"{q(db)}.{q(TABLE)}")
+          .option("partitionColumn", "id").option("lowerBound", "1")
+          .option("upperBound", str(rows + 1)).option("numPartitions", str(partitions))
+          .option("fetchsize", "10000").load())
+    df.write.format("delta").mode("overwrite").save(str(path))
+    seconds = time.perf_counter() - began
+    written = spark.read.format("delta").load(str(path)).count()
+    return {"rows": written, "seconds": round(seconds, 2), "rows_per_s": written / seconds}
+
+
+def warm_up(spark: Any, dialect: Any, db: str, path: Path) -> None:
+    """JIT and class loading for both paths: a small JDBC read written to Delta."""
+    df = (spark.read.format("jdbc").options(**dialect.jdbc_options())
+          .option("query", f"SELECT * FROM {q(db)}.{q(TABLE)} LIMIT 2000").load())  # noqa: S608
+    df.write.format("delta").mode("overwrite").save(str(path))
+
+
+def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namespace
+                  ) -> dict[str, Any]:
+    """A capture of the table to the end, the way ``dblog capture`` runs it."""
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import plan_request
+    from pipeline.runtime import open_runtime
+
+    table = f"{db}.{TABLE}"
+    config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
+                             server_id=server_id(7950, 7969), chunk_size=args.chunk_size,
+                             max_in_flight=args.max_in_flight)
+    batches: list[tuple[int, float]] = []
+    profile = Profile()
+    stop = threading.Event()
+    timer = threading.Timer(args.capture_timeout, stop.set)
+    with open_runtime(config, spark=spark) as rt:
+        try:
+            began = time.perf_counter()
+            capturer = rt.capturer()
+            capture_id = capturer.plan(plan_request([table], None, None))
+            timer.start()
+            for method in ("stage_chunk", "write_table_batch", "drop_staged"):
+                profile.wrap(rt.sink, method, f"sink.{method}")
+            profile.wrap(rt.dialect, "write_watermark", "dialect.write_watermark")
+            tailer = rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))
+            with BackgroundTailer(tailer) as bg:
+                capturer = rt.capturer()
+                capturer.health_check = bg.check
+                profile.wrap(capturer, "_chunk", "capture.chunk (register, LW, select, "
+                             "stage, HW)")
+                profile.wrap(capturer, "_wait", "capture.wait_for_emission")
+                reports = capturer.run(capture_id, stop=stop)
+                seconds = time.perf_counter() - began
+        finally:
+            timer.cancel()
+            rt.state.delete("", recursive=True)
+    emitted = sum(r.rows_emitted for r in reports)
+    dropped = sum(r.rows_dropped for r in reports)
+    return {
+        "rows": emitted + dropped,
+        "rows_emitted": emitted,
+        "rows_dropped_by_windows": dropped,
+        "chunks": sum(r.chunks for r in reports),
+        "retries": sum(r.retries for r in reports),
+        "status": ",".join(sorted({r.status for r in reports})),
+        "complete": all(r.status == "done" for r in reports),
+        "seconds": round(seconds, 2),
+        "rows_per_s": (emitted + dropped) / seconds,
+        "tailer_batches": len(batches),
+        "tailer_events": sum(e for e, _ in batches),
+        "tailer_write_seconds": round(sum(s for _, s in batches), 2),
+        "chunk_size": args.chunk_size,
+        "max_in_flight": args.max_in_flight,
+        "profile": profile.summary(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--writers-tps", type=float, default=500.0,
+                        help="the writers variant's single-row transactions/s (0: skip it)")
+    parser.add_argument("--baseline-partitions", type=int, default=4,
+                        help="JDBC partitions of the plain dump (by primary key)")
+    parser.add_argument("--chunk-size", type=int, default=2000,
+                        help="dblog's capture.chunk_size (the product default)")
+    parser.add_argument("--max-in-flight", type=int, default=4)
+    parser.add_argument("--capture-timeout", type=float, default=1800.0,
+                        help="stop a capture after this many seconds and report its rate so "
+                             "far (marked incomplete)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="result file (default bench/results/capture[-smoke].json)")
+    parser.add_argument("--keep", action="store_true", help="keep the database and lakes")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.writers_tps = 5000, min(args.writers_tps, 50.0)
+        args.capture_timeout = min(args.capture_timeout, 120.0)
+    output = args.output or RESULTS_DIR / ("capture-smoke.json" if args.smoke else "capture.json")
+
+    from pipeline.runtime import make_dialect
+    from pipeline.spark import build_spark_session
+
+    services.up()
+    ep = services.endpoints()
+    rid = run_id()
+    db = f"bench_capture_{rid}"
+    print(f"capture bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
+    create_database(ep, db)
+    fill_seconds = fill(ep, db, args.rows)
+    facts = table_facts(ep, db)
+    print(f"  {facts['rows']:,} rows, {facts['avg_row_bytes']} bytes/row, "
+          f"generated in {fill_seconds:.1f}s", flush=True)
+    spark = build_spark_session()
+    results: list[dict[str, Any]] = []
+    next_id = args.rows + 1
+    try:
+        probe = pipeline_config(ep, name=f"probe-{rid}", tables=[f"{db}.{TABLE}"],
+                                lake=lake_dir(f"probe-{rid}"), server_id=7950)
+        dialect = make_dialect(probe)
+        try:
+            warm_up(spark, dialect, db, lake_dir(f"warm-{rid}") / "t")
+            variants = [("idle", 0.0)] + ([("writers", args.writers_tps)]
+                                          if args.writers_tps > 0 else [])
+            for variant, tps in variants:
+                row: dict[str, Any] = {"variant": variant, "source_rows": table_facts(ep, db)}
+                for side in ("baseline", "dblog"):
+                    stats: dict[str, float] = {}
+                    load = round(os.getloadavg()[0], 2)
+                    print(f"  {variant}: {side} (load average {load}) ...", flush=True)
+                    with paced_writer(ep, db, tps, args.rows, next_id, stats):
+                        if side == "baseline":
+                            path = lake_dir(f"baseline-{variant}-{rid}") / "t"
+                            row[side] = baseline(spark, dialect, db, args.rows,
+                                                 args.baseline_partitions, path)
+                        else:
+                            row[side] = dblog_capture(ep, spark, db,
+                                                      f"capture-{variant}-{rid}", args)
+                    next_id += int(stats.get("transactions", 0)) + 1
+                    row[side]["loadavg_1m_before"] = load
+                    if stats:
+                        row[side]["writers"] = stats
+                    print(f"    {row[side]}", flush=True)
+                row["ratio"] = row["dblog"]["rows_per_s"] / row["baseline"]["rows_per_s"]
+                results.append(row)
+        finally:
+            dialect.close()
+    finally:
+        if not args.keep:
+            drop_database(ep, db)
+            for name in (f"probe-{rid}", f"warm-{rid}", f"baseline-idle-{rid}",
+                         f"capture-idle-{rid}", f"baseline-writers-{rid}",
+                         f"capture-writers-{rid}"):
+                remove_lake(name)
+    print()
+    print_table(
+        ["variant", "writers tx/s", "baseline rows/s", "dblog rows/s", "dblog / baseline",
+         "dblog s", "chunks", "complete"],
+        [[r["variant"], r["dblog"].get("writers", {}).get("achieved_tps", 0.0),
+          r["baseline"]["rows_per_s"], r["dblog"]["rows_per_s"], r["ratio"],
+          r["dblog"]["seconds"], r["dblog"]["chunks"], r["dblog"]["complete"]]
+         for r in results],
+    )
+    parameters = {
+        "rows": args.rows, "writers_tps": args.writers_tps,
+        "baseline_partitions": args.baseline_partitions, "chunk_size": args.chunk_size,
+        "max_in_flight": args.max_in_flight, "capture_timeout_s": args.capture_timeout,
+        "smoke": args.smoke, "spark_master": spark.conf.get("spark.master"),
+    }
+    path = write_results(output, "capture", parameters, results, {
+        "table": {**facts, "generate_seconds": round(fill_seconds, 1), "columns": 10},
+        "mariadb": mariadb_version(ep),
+    })
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

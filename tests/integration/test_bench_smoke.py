@@ -1,0 +1,52 @@
+"""The benchmarks work (tiny sizes): each writes its JSON with positive figures. Timings are
+never asserted here; `make bench` measures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipeline.services import Endpoints
+
+pytestmark = pytest.mark.integration
+
+
+def _load(path: Path, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    assert doc["name"] == name
+    assert doc["parameters"]["smoke"] is True
+    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
+    assert doc["results"]
+    return doc
+
+
+def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
+    from bench import bench_capture
+
+    out = tmp_path / "capture.json"
+    assert bench_capture.main(["--smoke", "--output", str(out)]) == 0
+    doc = _load(out, "capture")
+    assert [r["variant"] for r in doc["results"]] == ["idle", "writers"]
+    for row in doc["results"]:
+        for side in ("baseline", "dblog"):
+            assert row[side]["rows"] > 0 and row[side]["rows_per_s"] > 0
+        assert row["ratio"] > 0
+
+
+def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
+    from bench import bench_tail
+
+    out = tmp_path / "tail.json"
+    assert bench_tail.main(["--smoke", "--output", str(out)]) == 0
+    doc = _load(out, "tail")
+    assert [r["shape"] for r in doc["results"]] == ["single", "batch100"]
+    for row in doc["results"]:
+        for side in ("baseline", "dblog"):
+            assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
+        assert row["ratio"] > 0
