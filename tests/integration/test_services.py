@@ -4,10 +4,12 @@ Spark with Delta; and their manager fails clearly on a taken port or a missing p
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 from pathlib import Path
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extras
 import pymysql
 import pytest
@@ -83,8 +85,6 @@ def test_postgres_logical_slot_yields_a_change(services: svc.Endpoints) -> None:
                     "SET name = EXCLUDED.name", (7, marker))
         rcur.start_replication(slot_name=slot, decode=True)
         payloads: list[str] = []
-        import time
-
         deadline = time.monotonic() + 30  # decoding lags on a loaded machine
         while time.monotonic() < deadline:
             msg = rcur.read_message()
@@ -98,7 +98,16 @@ def test_postgres_logical_slot_yields_a_change(services: svc.Endpoints) -> None:
         assert any(marker in p for p in payloads), payloads
     finally:
         repl.close()
-        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        # The walsender exits a moment after its connection closes: until then the slot is
+        # "active" and cannot be dropped.
+        for attempt in range(100):
+            try:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                break
+            except psycopg2.errors.ObjectInUse:
+                if attempt == 99:
+                    raise
+                time.sleep(0.1)
         conn.close()
 
 
