@@ -23,7 +23,7 @@ test-unit: setup  ## the pure, service-free tests only
 	@$(PY) -m pytest tests/unit -q
 
 test: services-up lint  ## the whole suite against the real services (what CI runs)
-	@$(PY) -m pytest tests -q --seeds $(SEEDS)
+	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25
 
 demo: services-up  ## the main job on the embedded default configuration
 	@$(PY) -m pipeline.demo

@@ -49,7 +49,7 @@ def test_kill_and_restart(
     initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
     # The tailer's starting position is taken before the writers start.
     assert dblog(config_path, "tail", "--until-caught-up", password=pw) == 0
-    workload = Workload(services, db, seed=11, pause_s=0.3).start()
+    workload = Workload(services, db, seed=11, pause_s=0.3, reserve_every=10).start()
     try:
         assert dblog(config_path, "capture", fault=CRASHES[0], password=pw) == -9
         for fault in CRASHES[1:]:
