@@ -203,8 +203,9 @@ class Tailer:
         assert found is not None
         return found
 
-    def _refresh_windows(self) -> None:
-        """Make the processor's windows match ZooKeeper's registered ones."""
+    def _refresh_windows(self) -> list[Versioned[WindowState]]:
+        """Make the processor's windows match ZooKeeper's registered ones; returns the
+        window documents read (for :meth:`_expire_windows`)."""
         docs = self.state.list_windows()
         self._settled &= {ws.value.window.window_id for ws in docs}
         registered = {
@@ -222,6 +223,7 @@ class Tailer:
                     self._proc.register(ws.window)
                 except ValueError as exc:  # clashing watermark values: never emit it
                     log.warning("window %s not registered: %s", wid, exc)
+        return docs
 
     def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None,
              reset_to_head: bool) -> TailSummary:
@@ -299,8 +301,9 @@ class Tailer:
                 elif until_caught_up and not cutter.replaying:
                     return summary
                 if not cutter.replaying:
-                    self._refresh_windows()
-                    self._expire_windows()
+                    docs = self._refresh_windows()
+                    if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
+                        self._expire_windows(docs)
             return summary
         finally:
             reader.close()
@@ -340,16 +343,17 @@ class Tailer:
         self._replay_outcomes = dict(intent.value.windows)
         return Cut(self.dialect.to_position(intent.value.end), dict(intent.value.end))
 
-    def _expire_windows(self) -> None:
+    def _expire_windows(self, docs: list[Versioned[WindowState]] | None = None) -> None:
         """Abort registered windows older than the expiry: their capture crashed, was
-        cancelled or timed out; left open they would pin the restart position forever."""
+        cancelled or timed out; left open they would pin the restart position forever.
+        ``docs``: the window documents if just read (versions guard every update)."""
         self._last_expiry = time.monotonic()
         expiry = self.options.window_expiry_s
         if expiry <= 0:
             return
         oldest = int((time.time() - expiry) * 1000)
         protected = set(self._settled) | set(self._replay_outcomes or ())
-        for found in self.state.list_windows():
+        for found in self.state.list_windows() if docs is None else docs:
             ws = found.value
             wid = ws.window.window_id
             if ws.status != "registered" or ws.created_at_ms > oldest or wid in protected:

@@ -4,13 +4,27 @@ subprocess (so a crash point can SIGKILL it)."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pipeline.sample import connect, q
 from pipeline.services import Endpoints
+from pipeline.sources.mysql import MySqlSettings
+
+
+def make_settings(ep: Endpoints, **overrides: Any) -> MySqlSettings:
+    """Settings for the local MariaDB with a random replica server id (readers of
+    concurrent tests never share one)."""
+    values: dict[str, Any] = {
+        "name": "mariadb", "host": ep.host, "port": ep.mariadb_port, "user": ep.user,
+        "password": ep.mariadb_password, "server_id": random.randint(100_000, 2**31 - 1),
+    }
+    values.update(overrides)
+    return MySqlSettings(**values)
 
 
 def make_db(ep: Endpoints, ddl: list[str], prefix: str = "t") -> str:

@@ -4,64 +4,22 @@
 from __future__ import annotations
 
 import datetime as dt
-import random
 import time
-import uuid
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import pymysql
 import pytest
 
 from pipeline.errors import SourceError
 from pipeline.events import ChangeEvent, TableId
 from pipeline.sources.base import ChunkSpec, Column, TableSchema, Transaction
-from pipeline.sources.mysql import MySqlDialect, MySqlSettings
+from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.snapshot import spark_schema
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.services import Endpoints
-
 pytestmark = pytest.mark.integration
-
-
-def make_settings(ep: Endpoints, **overrides: Any) -> MySqlSettings:
-    values: dict[str, Any] = {
-        "name": "mariadb", "host": ep.host, "port": ep.mariadb_port, "user": ep.user,
-        "password": ep.mariadb_password, "server_id": random.randint(7800, 7899),
-    }
-    values.update(overrides)
-    return MySqlSettings(**values)
-
-
-@pytest.fixture
-def sql(services: Endpoints) -> Iterator[Any]:
-    conn = pymysql.connect(
-        host=services.host, port=services.mariadb_port, user=services.user,
-        password=services.mariadb_password, autocommit=True, charset="utf8mb4",
-    )
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def db(sql: Any) -> Iterator[str]:
-    name = f"t_settings_{uuid.uuid4().hex[:10]}"
-    with sql.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {quote_ident(name)}")
-    yield name
-    with sql.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)}")
-
-
-@pytest.fixture
-def dialect(services: Endpoints, db: str) -> Iterator[MySqlDialect]:
-    d = MySqlDialect(make_settings(services, watermark_database=db))
-    yield d
-    d.close()
 
 
 def global_variable(conn: Any, name: str) -> str | None:
@@ -95,6 +53,36 @@ def test_validate_refuses_compressed_binlog_events(dialect: MySqlDialect, sql: A
     assert "log_bin_compress is ON" in message
     assert "SET GLOBAL log_bin_compress=OFF" in message
     dialect.validate()
+
+
+def test_log_reader_stops_at_a_compressed_event_instead_of_skipping_it(
+    dialect: MySqlDialect, sql: Any, db: str
+) -> None:
+    """Compression switched on after the tailer started: mysql-replication cannot decode the
+    event and would skip it (row 1 lost, row 2 read). The reader must stop there instead."""
+    table = TableId(db, "t")
+    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v TEXT)")
+    start = dialect.head_position()
+    original = global_variable(sql, "log_bin_compress")
+    with sql.cursor() as cur:
+        try:
+            cur.execute("SET GLOBAL log_bin_compress = ON")
+            cur.execute(f"INSERT INTO {quote_table(table)} VALUES (1, %s)", ("x" * 4000,))
+        finally:
+            cur.execute("SET GLOBAL log_bin_compress = %s", (original,))
+        cur.execute(f"INSERT INTO {quote_table(table)} VALUES (2, 'plain')")
+    reader = dialect.open_log(start, [table])
+    read: list[Transaction] = []
+    try:
+        with pytest.raises(SourceError) as err:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                read += reader.read(max_transactions=10, max_wait_s=0.5)
+    finally:
+        reader.close()
+    assert not read, f"read past the compressed event: {read}"
+    assert "compressed binlog event" in str(err.value)
+    assert "log_bin_compress=OFF" in str(err.value)
 
 
 # -- zero dates ------------------------------------------------------------------------------

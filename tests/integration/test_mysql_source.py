@@ -6,71 +6,32 @@ transactions, DDL, positions and purged logs."""
 from __future__ import annotations
 
 import datetime as dt
-import random
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-import pymysql
 import pytest
 
 from pipeline.errors import LogPurgedError, SourceError, SourceUnavailable
 from pipeline.events import ChangeEvent, Op, TableId, WatermarkEvent
 from pipeline.sources.base import ChunkSpec, SchemaChange, Transaction
-from pipeline.sources.mysql import MySqlDialect, MySqlSettings
+from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.binlog import MySqlLogReader
 from pipeline.sources.mysql.snapshot import read_chunk, spark_schema
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from tests.integration.helpers import make_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from pipeline.services import Endpoints
 
+
 pytestmark = pytest.mark.integration
 
 UTC = dt.UTC
-
-
-def make_settings(ep: Endpoints, **overrides: Any) -> MySqlSettings:
-    values: dict[str, Any] = {
-        "name": "mariadb", "host": ep.host, "port": ep.mariadb_port, "user": ep.user,
-        "password": ep.mariadb_password, "server_id": random.randint(100_000, 2**31 - 1),
-    }
-    values.update(overrides)
-    return MySqlSettings(**values)
-
-
-@pytest.fixture
-def sql(services: Endpoints) -> Iterator[Any]:
-    conn = pymysql.connect(
-        host=services.host, port=services.mariadb_port, user=services.user,
-        password=services.mariadb_password, autocommit=True, charset="utf8mb4",
-    )
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def db(sql: Any) -> Iterator[str]:
-    """A fresh database for one test (dropped afterwards)."""
-    name = f"t_mysql_{uuid.uuid4().hex[:10]}"
-    with sql.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {quote_ident(name)}")
-    yield name
-    with sql.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)}")
-
-
-@pytest.fixture
-def dialect(services: Endpoints, db: str) -> Iterator[MySqlDialect]:
-    """A dialect whose watermark table lives in this test's own database."""
-    d = MySqlDialect(make_settings(services, watermark_database=db))
-    yield d
-    d.close()
 
 
 def execute(conn: Any, *statements: str | tuple[str, Any]) -> None:

@@ -26,6 +26,7 @@ from pymysqlreplication.event import (
     FormatDescriptionEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
     StopEvent,
@@ -34,6 +35,7 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    PartialUpdateRowsEvent,
     TableMapEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
@@ -51,8 +53,17 @@ _STATEMENT_WORDS = re.compile(r"[A-Z_]+")
 ONLY_EVENTS = [
     QueryEvent, XidEvent, RotateEvent, FormatDescriptionEvent, TableMapEvent, WriteRowsEvent,
     UpdateRowsEvent, DeleteRowsEvent, MariadbGtidEvent, HeartbeatLogEvent, StopEvent,
-    XAPrepareEvent,
+    XAPrepareEvent, NotImplementedEvent, PartialUpdateRowsEvent,
 ]
+UNREADABLE_EVENTS = {
+    **{code: "a compressed binlog event: set log_bin_compress=OFF on the server"
+       for code in range(165, 172)},  # MariaDB QUERY_COMPRESSED .. *_ROWS_COMPRESSED_V1
+    40: "a compressed transaction payload: set binlog_transaction_compression=OFF",
+    39: "a partial JSON update: set binlog_row_value_options='' on the server",
+    26: "an INCIDENT event (the server may have lost changes it could not log)",
+}
+"""Events mysql-replication cannot decode (or that mean the log is incomplete): the reader
+stops at them instead of skipping them, since a skipped event is a lost change."""
 FL_STANDALONE = 0x01  # MariaDB GTID event flag: the group has no COMMIT/XID
 ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
 WATERMARK_TABLE = "watermark"
@@ -200,6 +211,7 @@ class MySqlLogReader:
             blocking=True,
             slave_heartbeat=self._settings.heartbeat_s,
             only_events=ONLY_EVENTS,
+            filter_non_implemented_events=False,  # see UNREADABLE_EVENTS
             only_tables=sorted({t.table for t in tables}),
             only_schemas=sorted({t.database for t in tables}),
             # is_mariadb=True would make mysql-replication ignore log_file/log_pos (it then
@@ -281,6 +293,9 @@ class MySqlLogReader:
     # -- event handling ---------------------------------------------------------------
 
     def _handle(self, event: Any) -> Transaction | None:
+        if isinstance(event, NotImplementedEvent | PartialUpdateRowsEvent):
+            self._refuse_unreadable(event)
+            return None
         if isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
             if not self._in_txn:
                 self._in_txn = True
@@ -314,6 +329,16 @@ class MySqlLogReader:
             self._boundary = {"file": self._file, "pos": int(event.packet.log_pos)}
             self._reset_transaction()
         return None
+
+    def _refuse_unreadable(self, event: Any) -> None:
+        why = UNREADABLE_EVENTS.get(int(event.event_type))
+        if why is not None:
+            at = int(event.packet.log_pos) - int(event.packet.event_size)
+            raise SourceError(
+                f"the binlog at {self._file}:{at} "
+                f"holds {why}; the reader stopped there instead of skipping it. After fixing "
+                "the setting, run `dblog tail --from-head`, then `dblog capture` to re-snapshot"
+            )
 
     def _on_table_map(self, event: Any) -> None:
         table = TableId(event.schema, event.table)

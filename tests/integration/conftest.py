@@ -1,0 +1,48 @@
+"""Fixtures the MariaDB source tests share: a root connection, a scratch database and a
+dialect whose watermark table lives in that database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pymysql
+import pytest
+
+from pipeline.sources.mysql import MySqlDialect
+from pipeline.sources.mysql.sqltext import quote_ident
+from tests.integration.helpers import make_settings
+
+if TYPE_CHECKING:
+    from pipeline.services import Endpoints
+
+
+@pytest.fixture
+def sql(services: Endpoints) -> Iterator[Any]:
+    """An autocommit connection to the local MariaDB."""
+    conn = pymysql.connect(
+        host=services.host, port=services.mariadb_port, user=services.user,
+        password=services.mariadb_password, autocommit=True, charset="utf8mb4",
+    )
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def db(sql: Any) -> Iterator[str]:
+    """A fresh database for one test (dropped afterwards)."""
+    name = f"t_mysql_{uuid.uuid4().hex[:10]}"
+    with sql.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {quote_ident(name)}")
+    yield name
+    with sql.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)}")
+
+
+@pytest.fixture
+def dialect(services: Endpoints, db: str) -> Iterator[MySqlDialect]:
+    """A dialect whose watermark table lives in this test's own database."""
+    d = MySqlDialect(make_settings(services, watermark_database=db))
+    yield d
+    d.close()
