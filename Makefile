@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SEEDS ?= 3
 
-.PHONY: setup services-up services-down lint test test-unit demo dagster clean
+.PHONY: setup services-up services-down lint test test-slow test-unit demo dagster clean
 
 setup:  ## install Debian packages, the virtual environment and the Spark jars (idempotent)
 	@bash scripts/setup.sh
@@ -23,7 +23,10 @@ test-unit: setup  ## the pure, service-free tests only
 	@$(PY) -m pytest tests/unit -q
 
 test: services-up lint  ## the whole suite against the real services (what CI runs)
-	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25
+	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25 -m "not slow"
+
+test-slow: services-up  ## the long suites (every crash point); not part of `make test`
+	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25 -m slow
 
 demo: services-up  ## the main job on the embedded default configuration
 	@$(PY) -m pipeline.demo

@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the writers variant's single-row transactions/s (0: skip it)")
     parser.add_argument("--baseline-partitions", type=int, default=4,
                         help="JDBC partitions of the plain dump (by primary key)")
-    parser.add_argument("--chunk-size", type=int, default=2000,
-                        help="dblog's capture.chunk_size (the product default)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="a fixed chunk size (default: the product's chunk sizing)")
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--capture-timeout", type=float, default=1800.0,
                         help="stop a capture after this many seconds and report its rate so "

@@ -209,14 +209,16 @@ def run_id() -> str:
 
 
 def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Path,
-                    server_id: int, chunk_size: int = 2000, max_in_flight: int = 4,
+                    server_id: int, chunk_size: int | None = None, max_in_flight: int = 4,
                     batch_seconds: float = 2.0, poll_seconds: float = 0.5) -> PipelineConfig:
     """The product's default capture/tail settings, with a source name and ZooKeeper root of
     this run only (nothing an earlier run left behind is seen)."""
     os.environ.setdefault("DBLOG_MARIADB_PASSWORD", ep.mariadb_password)
     data = config_dict(source=name, ep=ep, tables=list(tables), lake=lake, server_id=server_id,
-                       chunk_size=chunk_size, max_in_flight=max_in_flight,
+                       chunk_size=chunk_size or 1, max_in_flight=max_in_flight,
                        batch_seconds=batch_seconds, poll_seconds=poll_seconds)
+    if chunk_size is None:  # the product's chunk sizing
+        del data["capture"]["chunk_size"], data["capture"]["chunk_max_rows"]
     data["zookeeper"]["root"] = f"dblog-bench-{name}"
     return parse_config(data)
 

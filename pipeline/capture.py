@@ -30,7 +30,7 @@ from typing import Any, cast
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome
+from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome, next_chunk_rows
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
@@ -44,7 +44,11 @@ from pipeline.tailer import chunk_path
 
 @dataclass(frozen=True)
 class CaptureOptions:
-    chunk_size: int = 2000
+    chunk_size: int = 10_000
+    """Rows of a range's first chunk (``chunk_sizes`` per table)."""
+    chunk_max_rows: int = 200_000
+    """Chunks grow (doubling) while one takes under half ``chunk_target_seconds``."""
+    chunk_target_seconds: float = 5.0
     max_in_flight: int = 4
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
@@ -368,7 +372,8 @@ class Capturer:
         """
         table = progress.table
         schema = self.dialect.table_schema(table)
-        limit = self.options.chunk_sizes.get(table, self.options.chunk_size)
+        first = self.options.chunk_sizes.get(table, self.options.chunk_size)
+        limit = first
         after = progress.last_emitted_key
         past_bound = open_end and after is not None and after == progress.upper
         inflight: list[str] = []
@@ -386,10 +391,16 @@ class Capturer:
             if outcome == "aborted":
                 break
             bounded = open_end and not past_bound
+            began = time.monotonic()
             wid, rows, last, reached_end = self._chunk(
                 capture_id, range_id, table, schema, after,
                 None if past_bound else progress.upper, keys, where, limit,
                 ends_range=ends_range or past_bound, not_final=bounded,
+            )
+            limit = next_chunk_rows(
+                limit, rows, time.monotonic() - began, first=first,
+                most=max(first, self.options.chunk_max_rows),
+                target_seconds=self.options.chunk_target_seconds,
             )
             inflight.append(wid)
             report.chunks += 1

@@ -27,6 +27,7 @@ __all__ = [
     "contains",
     "key_order",
     "next_chunk_predicate",
+    "next_chunk_rows",
     "plan_ranges",
 ]
 
@@ -202,3 +203,24 @@ def chunk_outcome(
     final = not full or ends_range or (upper is not None and last == upper)
     through = last if full else upper
     return ChunkOutcome(final=final, delete_range=None if filtered else (after, through))
+
+
+def next_chunk_rows(rows_asked: int, rows_read: int, seconds: float, *, first: int,
+                    most: int, target_seconds: float) -> int:
+    """How many rows the next chunk of a range asks for, sized by rows and time.
+
+    A chunk that came back full in under half ``target_seconds`` doubles the next one (up
+    to ``most``); one that took over twice the target halves it (never below ``first``,
+    the configured size); a short chunk (the range is ending, or a filter) changes nothing.
+    DBLog allows any amount of reading between a low and a high watermark, so the size is
+    a matter of speed (fewer windows, commits and round trips) against window length.
+    """
+    asked = max(1, rows_asked)
+    floor = max(1, min(first, most))
+    if rows_read < asked or target_seconds <= 0:
+        return max(floor, min(asked, most))
+    if seconds < target_seconds / 2:
+        return max(floor, min(asked * 2, most))
+    if seconds > target_seconds * 2:
+        return max(floor, min(asked // 2, most))
+    return max(floor, min(asked, most))

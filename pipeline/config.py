@@ -53,7 +53,7 @@ class TableConfig:
 
 @dataclass(frozen=True)
 class TailConfig:
-    batch_max_events: int = 20000
+    batch_max_events: int = 100_000
     batch_max_seconds: float = 2.0
     poll_seconds: float = 0.5
     window_expiry_s: float = 1800.0
@@ -61,7 +61,9 @@ class TailConfig:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    chunk_size: int = 2000
+    chunk_size: int = 10_000
+    chunk_max_rows: int = 200_000
+    chunk_target_seconds: float = 5.0
     max_in_flight: int = 4
     range_rows: int = 100000
 
@@ -143,7 +145,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         raise ConfigError(f"config: source.name {source.name!r}: use letters, digits, - and _")
     capture_data = data.get("capture") or {}
     capture = CaptureConfig(
-        chunk_size=_positive(capture_data.get("chunk_size", 2000), "capture.chunk_size"),
+        chunk_size=_positive(capture_data.get("chunk_size", 10_000), "capture.chunk_size"),
+        chunk_max_rows=_positive(capture_data.get("chunk_max_rows", 200_000),
+                                 "capture.chunk_max_rows"),
+        chunk_target_seconds=_positive(capture_data.get("chunk_target_seconds", 5.0),
+                                       "capture.chunk_target_seconds", float),
         max_in_flight=_positive(capture_data.get("max_in_flight", 4), "capture.max_in_flight"),
         range_rows=_positive(capture_data.get("range_rows", 100000), "capture.range_rows"),
     )
@@ -175,7 +181,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         raise ConfigError("config: zookeeper must be a mapping")
     tail_data = data.get("tail") or {}
     tail = TailConfig(
-        batch_max_events=_positive(tail_data.get("batch_max_events", 20000),
+        batch_max_events=_positive(tail_data.get("batch_max_events", 100_000),
                                    "tail.batch_max_events"),
         batch_max_seconds=_positive(tail_data.get("batch_max_seconds", 2.0),
                                     "tail.batch_max_seconds", float),

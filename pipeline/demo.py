@@ -30,7 +30,8 @@ def main() -> int:
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     config_path = write_config(home / "dblog.yaml", source="demo", ep=ep, db=DATABASE,
-                               lake=home / "lake", chunk_size=2000, batch_seconds=1.0)
+                               lake=home / "lake", chunk_size=2000, batch_seconds=1.0,
+                               chunk_max_rows=200_000)
     config = load_config(config_path)
     print(f"demo: config {config_path}; sample schema {DATABASE} "
           f"({ACCOUNTS} accounts, {ORDERS} orders)", flush=True)

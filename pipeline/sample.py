@@ -207,8 +207,10 @@ class Workload:
 
 def config_dict(*, source: str, ep: Endpoints, tables: list[str], lake: Path,
                 server_id: int | None = None, chunk_size: int = 250, max_in_flight: int = 4,
-                batch_seconds: float = 0.5, poll_seconds: float = 0.2) -> dict[str, Any]:
-    """A pipeline configuration (as parsed YAML) for the local services."""
+                batch_seconds: float = 0.5, poll_seconds: float = 0.2,
+                chunk_max_rows: int | None = None) -> dict[str, Any]:
+    """A pipeline configuration (as parsed YAML) for the local services. Chunks keep
+    ``chunk_size`` rows unless ``chunk_max_rows`` lets them grow."""
     return {
         "source": {"name": source, "kind": "mariadb", "host": ep.host, "port": ep.mariadb_port,
                    "user": ep.user, "password_env": "DBLOG_MARIADB_PASSWORD",
@@ -216,15 +218,18 @@ def config_dict(*, source: str, ep: Endpoints, tables: list[str], lake: Path,
         "tables": tables,
         "lake": str(lake),
         "zookeeper": {"hosts": ep.zk_hosts, "root": "dblog-test"},
-        "capture": {"chunk_size": chunk_size, "max_in_flight": max_in_flight},
+        "capture": {"chunk_size": chunk_size, "max_in_flight": max_in_flight,
+                    "chunk_max_rows": chunk_max_rows or chunk_size},
         "tail": {"batch_max_seconds": batch_seconds, "poll_seconds": poll_seconds},
     }
 
 
 def write_config(path: Path, *, source: str, ep: Endpoints, db: str, lake: Path,
-                 chunk_size: int = 250, batch_seconds: float = 0.5) -> Path:
+                 chunk_size: int = 250, batch_seconds: float = 0.5,
+                 chunk_max_rows: int | None = None) -> Path:
     """Write the sample schema's configuration to ``path``."""
     config = config_dict(source=source, ep=ep, tables=[f"{db}.{t}" for t in TABLES], lake=lake,
-                         chunk_size=chunk_size, batch_seconds=batch_seconds)
+                         chunk_size=chunk_size, batch_seconds=batch_seconds,
+                         chunk_max_rows=chunk_max_rows)
     path.write_text(yaml.safe_dump(config))
     return path

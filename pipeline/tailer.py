@@ -31,6 +31,7 @@ from pipeline.errors import StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
+from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
     ABSENT,
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 CHUNKS = "chunks"
 """ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
 EXPIRY_CHECK_S = 30.0
+QUIET_S = 5.0
+"""``--until-caught-up`` also ends after the reader found nothing new this long."""
 """How often a busy tailer looks for expired windows (an idle one looks at every poll)."""
 
 
@@ -77,7 +80,7 @@ def new_generation() -> str:
 
 @dataclass(frozen=True)
 class TailOptions:
-    batch_max_events: int = 20000
+    batch_max_events: int = 100_000
     batch_max_seconds: float = 2.0
     poll_seconds: float = 0.5
     read_transactions: int = 2000
@@ -254,7 +257,30 @@ class Tailer:
                              now=time.monotonic(), replay=replay)
         pending = _Pending(start=dict(committed.value.source_position))
         last_resume: Mapping[str, Any] = start
-        reader = self.dialect.open_log(start, self.tables)
+        # --until-caught-up: everything in the log when the run started, and then the
+        # first time the reader finds nothing new.
+        head_at_start = (self.dialect.to_position(self.dialect.head_position())
+                         if until_caught_up else warm_until)
+        quiet_since: tuple[Any, float] | None = None
+
+        def caught_up(here: Mapping[str, Any] | None) -> bool:
+            """The reader found nothing new and stands at or past the head the run started
+            at, or has not moved for QUIET_S (events it never reports, such as a new binlog
+            file's headers, can lie between its position and that head)."""
+            nonlocal quiet_since
+            if here is None or self.dialect.to_position(here) >= head_at_start:
+                return True
+            now = time.monotonic()
+            if quiet_since is None or quiet_since[0] != here:
+                quiet_since = (dict(here), now)
+            return now - quiet_since[1] >= QUIET_S
+        # Decoding runs ahead in a thread of its own while batches are written.
+        reader = PrefetchingReader(
+            self.dialect.open_log(start, self.tables),
+            max_ahead=self.options.batch_max_events,
+            read_transactions=self.options.read_transactions,
+            poll_s=self.options.poll_seconds,
+        )
 
         def cut_at(cut: Cut) -> bool:
             """Write and commit the pending batch; True when enough batches were written."""
@@ -292,13 +318,13 @@ class Tailer:
                         return summary
                 if txs:
                     continue
-                here = getattr(reader, "resume", None)
+                here = reader.resume
                 cut = (cutter.idle(self.dialect.to_position(here), here) if here
                        else cutter.pending)
                 if cut is not None:
                     if cut_at(cut):
                         return summary
-                elif until_caught_up and not cutter.replaying:
+                elif until_caught_up and not cutter.replaying and caught_up(here):
                     return summary
                 if not cutter.replaying:
                     docs = self._refresh_windows()

@@ -27,10 +27,12 @@ from datetime import UTC, datetime
 from functools import reduce
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError
@@ -140,6 +142,33 @@ class TableBatch:
     emissions: list[ChunkEmission] = field(default_factory=list)
     coverage: dict[str, KeyRange] = field(default_factory=dict)
     truncates: list[Position] = field(default_factory=list)
+
+
+def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[Column],
+                 arrow_type: pa.StructType) -> pa.StructArray:
+    """Row images (``None`` = no image) as one Arrow struct column of the lake's types.
+
+    Values follow the lake column's type: a batch can hold rows decoded with an older,
+    narrower source type (a DATE before an ALTER to DATETIME, an INT before DOUBLE)."""
+    children = []
+    for i, col in enumerate(columns):
+        dtype = spark_type(col.spark_type)
+        name = col.name
+        values = [None if img is None else img.get(name) for img in images]
+        if needs_coercion(dtype):
+            values = [coerce(v, dtype) for v in values]
+        children.append(pa.array(values, arrow_type.field(i).type))
+    mask = pa.array([img is None for img in images], pa.bool_())
+    return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
+
+
+def _int_key_span(tb: TableBatch) -> tuple[int, int] | None:
+    """The least and greatest first key value of a batch's log events, when they are all
+    integers (the only type whose Python order is surely Spark's); else None."""
+    values = [ev.key[0] for ev in tb.events]
+    if not values or not all(type(v) is int for v in values):
+        return None
+    return min(values), max(values)
 
 
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
@@ -445,39 +474,37 @@ class DeltaSink:
                 conf.unset(key)
 
     def _events_df(self, tb: TableBatch, columns: list[Column], batch: int) -> DataFrame:
-        names = [c.name for c in columns]
-        # Values follow the lake column's type: a batch can hold rows decoded with an older,
-        # narrower source type (a DATE before an ALTER to DATETIME, an INT before DOUBLE).
-        types = [spark_type(c.spark_type) for c in columns]
-        coerced = [(i, t) for i, t in enumerate(types) if needs_coercion(t)]
-
-        def image(row: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
-            if row is None:
-                return None
-            values = [row.get(n) for n in names]
-            for i, t in coerced:
-                values[i] = coerce(values[i], t)
-            return tuple(values)
-
-        rows = [
-            (
-                ev.op.value,
-                image(ev.before),
-                image(ev.after),
-                (self.layout.source, ev.table.database, ev.table.table, _ts(ev.commit_ts_ms)),
-                ev.position.lsn,
-                ev.position.seq,
-                ev.window_id,
-                batch,
-            )
-            for ev in tb.events
+        """The batch's log events (and truncates) as changelog rows, handed to Spark as one
+        Arrow table: column by column, no per-row Python objects on the JVM side."""
+        schema = changelog_schema(columns)
+        arrow_schema = to_arrow_schema(schema)
+        events = tb.events
+        n_truncates = len(tb.truncates)
+        source_type = arrow_schema.field("source").type
+        source = pa.StructArray.from_arrays(
+            [pa.array([self.layout.source] * (len(events) + n_truncates), pa.string()),
+             pa.array([tb.table.database] * (len(events) + n_truncates), pa.string()),
+             pa.array([tb.table.table] * (len(events) + n_truncates), pa.string()),
+             pa.array([_ts(ev.commit_ts_ms) for ev in events] + [None] * n_truncates,
+                      source_type.field("commit_ts").type)],
+            fields=list(source_type),
+        )
+        arrays = [
+            pa.array([ev.op.value for ev in events] + [TRUNCATE_OP] * n_truncates, pa.string()),
+            _image_array([ev.before for ev in events] + [None] * n_truncates, columns,
+                         arrow_schema.field("before").type),
+            _image_array([ev.after for ev in events] + [None] * n_truncates, columns,
+                         arrow_schema.field("after").type),
+            source,
+            pa.array([ev.position.lsn for ev in events] + [p.lsn for p in tb.truncates],
+                     pa.int64()),
+            pa.array([ev.position.seq for ev in events] + [p.seq for p in tb.truncates],
+                     pa.int64()),
+            pa.array([ev.window_id for ev in events] + [None] * n_truncates, pa.string()),
+            pa.array([batch] * (len(events) + n_truncates), pa.int64()),
         ]
-        rows += [
-            (TRUNCATE_OP, None, None, (self.layout.source, tb.table.database, tb.table.table, None),
-             pos.lsn, pos.seq, None, batch)
-            for pos in tb.truncates
-        ]
-        return self.spark.createDataFrame(rows, changelog_schema(columns), verifySchema=False)
+        table = pa.Table.from_arrays(arrays, schema=arrow_schema)
+        return self.spark.createDataFrame(table, schema)
 
     def _keys_df(self, keys: Sequence[Key], key: tuple[str, ...],
                  types: Mapping[str, T.DataType]) -> DataFrame:
@@ -632,7 +659,9 @@ class DeltaSink:
              .save(self.layout.changelog(table)))
             with self._txn(batch, commit_metadata, app_id):
                 self._merge_mirror(table, changes, columns, key,
-                                   max(tb.truncates) if tb.truncates else None)
+                                   max(tb.truncates) if tb.truncates else None,
+                                   key_span=_int_key_span(tb) if not tb.emissions else None,
+                                   span_from_changes=bool(tb.emissions))
         finally:
             if tb.emissions:
                 changes.unpersist()
@@ -665,10 +694,18 @@ class DeltaSink:
         columns: list[Column],
         key: tuple[str, ...],
         truncated: Position | None = None,
+        *,
+        key_span: tuple[Any, Any] | None = None,
+        span_from_changes: bool = False,
     ) -> None:
         """One MERGE: the latest change per key wins if newer than the mirror row; with a
         truncate in the batch, only changes after the last one apply and every mirror row
-        older than it is deleted."""
+        older than it is deleted.
+
+        The target is pruned to the batch's span of the first key column (``key_span``, or
+        computed from ``changes``): Delta then skips mirror files whose key statistics lie
+        outside it (chunks and appends at the end of the key space touch few files). It
+        changes nothing else: every source row's key lies in the span."""
         from delta.tables import DeltaTable
 
         changes = changes.where(F.col("op") != TRUNCATE_OP)
@@ -696,7 +733,18 @@ class DeltaSink:
         )
         last = (flat.withColumn("_rn", F.row_number().over(latest))
                 .where(F.col("_rn") == 1).drop("_rn"))
-        on = " AND ".join(f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
+        on: str | SparkColumn = " AND ".join(
+            f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
+        if truncated is None:
+            first = key[0]
+            if key_span is None and span_from_changes:
+                bounds = flat.agg(F.min(quote_ident(first)), F.max(quote_ident(first))).first()
+                key_span = None if bounds is None or bounds[0] is None else (bounds[0], bounds[1])
+            if key_span is not None:
+                dtype = {c.name: spark_type(c.spark_type) for c in columns}[first]
+                target = F.col(f"t.{quote_ident(first)}")
+                on = (F.expr(str(on)) & (target >= _literal(key_span[0], dtype))
+                      & (target <= _literal(key_span[1], dtype)))
         values: dict[str, str | SparkColumn] = {
             quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
         }

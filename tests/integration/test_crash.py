@@ -35,8 +35,18 @@ CRASHES = (
 )
 
 
+SMOKE = (CRASHES[0], CRASHES[2])
+"""What ``make test`` runs (a crash mid tail batch and one mid chunk); ``make test-slow`` runs
+every crash point. ``tail.after_delta`` also has its own test in test_silent_loss.py."""
+
+
+@pytest.mark.parametrize("crashes", [
+    pytest.param(SMOKE, id="smoke"),
+    pytest.param(CRASHES, id="every-crash-point", marks=pytest.mark.slow),
+])
 def test_kill_and_restart(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    crashes: tuple[str, ...],
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"crash_{uuid.uuid4().hex[:8]}"
@@ -51,8 +61,8 @@ def test_kill_and_restart(
     assert dblog(config_path, "tail", "--until-caught-up", password=pw) == 0
     workload = Workload(services, db, seed=11, pause_s=0.3, reserve_every=10).start()
     try:
-        assert dblog(config_path, "capture", fault=CRASHES[0], password=pw) == -9
-        for fault in CRASHES[1:]:
+        assert dblog(config_path, "capture", fault=crashes[0], password=pw) == -9
+        for fault in crashes[1:]:
             assert dblog(config_path, "resume", f"{db}.accounts", fault=fault,
                          password=pw) == -9, f"{fault} was never reached"
         assert dblog(config_path, "resume", f"{db}.accounts", password=pw) == 0

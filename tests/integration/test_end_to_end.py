@@ -54,6 +54,7 @@ def test_concurrent_writes_capture_and_tail(
     config = load_config(write_config(
         tmp_path / "dblog.yaml", source=f"e2e-{seed}-{uuid.uuid4().hex[:6]}", ep=services,
         db=db, lake=tmp_path / "lake", chunk_size=300, batch_seconds=1.0,
+        chunk_max_rows=10_000,  # chunks grow as fast ones do in production
     ))
     with open_runtime(config, spark=spark) as rt:
         bg = BackgroundTailer(rt.tailer()).start()

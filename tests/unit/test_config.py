@@ -23,7 +23,8 @@ def test_good_config(tmp_path: Path) -> None:
     config = parse_config(GOOD, base_dir=tmp_path)
     assert config.table_ids == (TableId("shop", "accounts"), TableId("shop", "orders"))
     assert config.table("shop.orders").chunk_size == 10
-    assert config.table("shop.accounts").chunk_size == 2000
+    assert config.table("shop.accounts").chunk_size == 10_000  # the default first chunk
+    assert config.capture.chunk_max_rows == 200_000
     assert config.lake == (tmp_path / "lake").resolve()
 
 
