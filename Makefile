@@ -41,3 +41,5 @@ clean: services-down
 bench: services-up  ## capture and tail benchmarks against plain baselines (bench/results/*.json)
 	@$(PY) -m bench.bench_capture
 	@$(PY) -m bench.bench_tail
+	@$(PY) -m bench.bench_latency
+	@$(PY) -m bench.bench_impact

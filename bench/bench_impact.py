@@ -1,0 +1,424 @@
+"""Impact: the application's write latency without and with a running ``dblog capture``, with
+everything sharing the cores and with the database and the application on one core and the
+pipeline on the other.
+
+Creates a table of ``--rows`` rows (the bench table, ~150 bytes/row). An application writer
+(its own process: single-row autocommit UPDATEs of random rows and INSERTs of new ids on that
+table, ``--tps`` transactions/s, paced) times every statement including its COMMIT, for
+``--seconds``:
+
+* without: nothing of dblog runs (the pipeline's SparkSession sits idle);
+* with: a capture of the table runs as ``dblog capture`` runs it (an in-process background
+  tailer, the product's default chunk and tail settings, one SparkSession), started again
+  whenever it finishes, so it runs for the whole measurement; writing starts once its first
+  chunk was emitted (JVM warm), or after ``--ramp-timeout``.
+
+Two placements (two cores assumed), each in a pipeline process of its own (a child of the
+bench, which keeps the results, MariaDB's affinity and the clean-up):
+
+* pinned: MariaDB (every thread, ``taskset -a``) and the writer on CPU 0, the pipeline process
+  on CPU 1 (pinned before its SparkSession starts, so the JVM inherits it), as on separate
+  hosts; MariaDB's affinity is restored afterwards;
+* unpinned: everything shares both cores.
+
+A pipeline process exits as soon as it has measured: the capture and tail it leaves running
+(a chunk or a batch on one core can take a minute) end with it, not inside the next run.
+
+The baseline of each placement is its own "without" run. Prints p50/p95/p99/max ms with and
+without and the ratios; the issue's requirement (pinned p99 ratio ≤ 1.1x) is printed, never
+asserted. Writes ``bench/results/impact.json``.
+
+    .venv/bin/python -m bench.bench_impact [--rows 200000] [--seconds 30] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS_DIR,
+    TABLE,
+    create_database,
+    drop_database,
+    fill,
+    lake_dir,
+    mariadb_version,
+    pipeline_config,
+    print_table,
+    remove_lake,
+    run_id,
+    table_facts,
+    write_results,
+)
+from bench.workload import (
+    Commits,
+    achieved_tps,
+    commit_writers,
+    drop_zookeeper_root,
+    percentiles,
+    replica_id,
+)
+from pipeline import services
+from pipeline.paths import dblog_home
+from pipeline.services import Endpoints
+from pipeline.spark import spark_conf
+
+TARGET_PINNED_P99_RATIO = 1.1
+
+
+# ---- CPU affinity -------------------------------------------------------------------------
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pin_all_threads(pid: int, cpus: Iterable[int]) -> None:
+    """Set the affinity of every thread of ``pid`` (new threads inherit their creator's)."""
+    subprocess.run(["taskset", "-a", "-pc", cpu_list(cpus), str(pid)], check=True,
+                   capture_output=True, text=True, timeout=30)
+
+
+def thread_affinities(pid: int) -> list[str]:
+    """The distinct ``Cpus_allowed_list`` of the threads of ``pid``."""
+    found: set[str] = set()
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    found.add(line.split(":", 1)[1].strip())
+        except OSError:
+            continue  # the thread ended
+    return sorted(found)
+
+
+def jvm_pids(root: int) -> list[int]:
+    """The ``java`` processes among the descendants of ``root`` (Spark's JVM)."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        names[pid] = text[text.index("(") + 1:text.rindex(")")]
+        parents[pid] = int(text[text.rindex(")") + 2:].split()[1])
+    out = []
+    for pid in parents:
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root and pid != root and names[pid] == "java":
+            out.append(pid)
+    return sorted(out)
+
+
+def mariadb_pid() -> int:
+    """The local MariaDB's pid: its pid file under ``.dblog``, else ``pgrep``."""
+    try:
+        return int((dblog_home() / "mariadb" / "run.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        out = subprocess.run(["pgrep", "-o", "-x", "mariadbd"], capture_output=True,
+                             text=True, timeout=10).stdout.split()
+        if not out:
+            raise RuntimeError("MariaDB's pid not found") from None
+        return int(out[0])
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    app_cpus: tuple[int, ...]  # MariaDB and the writer
+    pipeline_cpus: tuple[int, ...]  # the pipeline process and its JVM
+    pin_mariadb: bool
+
+
+# ---- the pipeline process of one placement ------------------------------------------------
+
+
+def write_for(ep: Endpoints, db: str, args: argparse.Namespace, first_new: int,
+              cpus: tuple[int, ...], check: Callable[[], None] | None = None
+              ) -> dict[str, Any]:
+    """The application writer for ``--seconds``: its latency figures (ms). ``check`` raises a
+    failure of what runs beside it."""
+    commits = Commits()
+    with commit_writers(ep, db, tps=args.tps, writers=1, existing=args.rows,
+                        first_new=first_new, cpus=cpus, out=commits) as group:
+        writer_cpus = [thread_affinities(pid) for pid in group.pids]
+        deadline = time.monotonic() + args.seconds
+        while time.monotonic() < deadline:
+            if check is not None:
+                check()
+            time.sleep(0.2)
+    return {**percentiles(commits.latency, scale=1000, digits=3),
+            "achieved_tps": achieved_tps(commits), "writer_cpus": writer_cpus,
+            "last_id": max([first_new, *commits.key])}
+
+
+def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
+                 first_new: int, cpus: tuple[int, ...]) -> dict[str, Any]:
+    """The writer while captures of the table run one after another (tailer in-process).
+
+    Returns with the capture and the tailer still running (the process exits next); on a
+    failure they are stopped first."""
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import plan_request
+    from pipeline.runtime import open_runtime
+
+    table = f"{db}.{TABLE}"
+    config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
+                             server_id=replica_id(8150, 8199))
+    stop = threading.Event()
+    progressed = threading.Event()
+    captures: list[tuple[float, bool]] = []  # seconds, finished
+    failure: list[BaseException] = []
+    batches: list[tuple[int, float]] = []
+    stack = ExitStack()  # closed only on a failure
+    try:
+        rt = stack.enter_context(open_runtime(config, spark=spark))
+        stack.callback(lambda: rt.state.delete("", recursive=True))
+        bg = BackgroundTailer(
+            rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))).start()
+        stack.callback(bg.stop)
+        stack.callback(stop.set)
+
+        def capture_loop() -> None:
+            try:
+                while not stop.is_set():
+                    began = time.monotonic()
+                    capturer = rt.capturer()
+                    capturer.health_check = bg.check
+                    capture_id = capturer.plan(plan_request([table], None, None))
+                    done = capturer.run(capture_id, stop=stop,
+                                        on_progress=lambda _: progressed.set())
+                    captures.append((time.monotonic() - began,
+                                     all(r.status == "done" for r in done)))
+            except BaseException as exc:  # surfaced by check()
+                failure.append(exc)
+
+        def check() -> None:
+            bg.check()
+            if failure:
+                raise RuntimeError(f"the capture failed: {failure[0]}") from failure[0]
+
+        began = time.monotonic()
+        threading.Thread(target=capture_loop, name="capture-loop", daemon=True).start()
+        deadline = time.monotonic() + args.ramp_timeout
+        while not progressed.wait(0.2) and time.monotonic() < deadline:
+            check()
+        ramp, warm = time.monotonic() - began, progressed.is_set()
+        events_before = sum(e for e, _ in batches)
+        written = write_for(ep, db, args, first_new, cpus, check)
+        elapsed = time.monotonic() - began
+        check()
+        emitted = sum(r.value.rows_emitted + r.value.rows_dropped
+                      for c in rt.state.list_captures()
+                      for r in rt.state.list_ranges(c.value.capture_id).values())
+    except BaseException:
+        stack.close()
+        raise
+    return {**written, "pipeline": {
+        "ramp_seconds": round(ramp, 2), "first_chunk_before_writing": warm,
+        "captures_finished": sum(f for _, f in captures),
+        "capture_seconds_each": [round(s, 1) for s, f in captures if f],
+        "rows_captured": emitted, "capture_rows_per_s": round(emitted / elapsed, 1),
+        "tailer_batches": len(batches),
+        "tailer_events_while_writing": sum(e for e, _ in batches) - events_before,
+        "pipeline_cpus": {"process": thread_affinities(os.getpid()),
+                          "jvm": [thread_affinities(p) for p in jvm_pids(os.getpid())]},
+        "zookeeper": {"root": config.zookeeper_root, "source": config.source.name},
+    }}
+
+
+def placement_main(ep: Endpoints, db: str, name: str, placement: Placement,
+                   args: argparse.Namespace, next_id: int, out: Any) -> None:
+    """The pipeline process of one placement: without, then with a capture. Sends its row
+    and exits at once (``os._exit``: the capture and tailer still running end with it)."""
+    os.sched_setaffinity(0, placement.pipeline_cpus)  # before the JVM starts: it inherits it
+    from pipeline.spark import build_spark_session
+
+    status = 1
+    try:
+        spark = build_spark_session()
+        row: dict[str, Any] = {}
+        for side in ("without", "with"):
+            load = round(os.getloadavg()[0], 2)
+            print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name}: {side} capture "
+                  f"(load average {load}) ...", flush=True)
+            if side == "without":
+                row[side] = write_for(ep, db, args, next_id, placement.app_cpus)
+            else:
+                row[side] = with_capture(ep, spark, db, name, args, next_id,
+                                         placement.app_cpus)
+            row[side]["loadavg_1m_before"] = load
+            next_id = row[side]["last_id"] + 1
+            print(f"    {row[side]}", flush=True)
+        out.send(row)
+        status = 0
+    except BaseException as exc:
+        traceback.print_exc()
+        out.send({"error": repr(exc)[:2000]})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+# ---- the bench process --------------------------------------------------------------------
+
+
+def run_placement(ep: Endpoints, db: str, rid: str, placement: Placement,
+                  args: argparse.Namespace, next_id: int) -> tuple[dict[str, Any], int]:
+    """One placement in a pipeline process of its own; MariaDB pinned meanwhile if asked.
+    Returns the row and the next free id."""
+    name = f"impact-{placement.name}-{rid}"
+    row: dict[str, Any] = {"placement": placement.name,
+                           "app_cpus": cpu_list(placement.app_cpus),
+                           "pipeline_cpus": cpu_list(placement.pipeline_cpus)}
+    db_pid = mariadb_pid()
+    db_before = os.sched_getaffinity(db_pid)
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=placement_main, name=f"pipeline-{placement.name}",
+                       args=(ep, db, name, placement, args, next_id, send))
+    found: dict[str, Any] = {}
+    if placement.pin_mariadb:
+        print(f"  pinning MariaDB (pid {db_pid}) to CPU {cpu_list(placement.app_cpus)}; if "
+              f"this is killed, restore it with: taskset -a -pc {cpu_list(db_before)} "
+              f"{db_pid}", flush=True)
+        pin_all_threads(db_pid, placement.app_cpus)
+    try:
+        row["mariadb_cpus"] = thread_affinities(db_pid)
+        proc.start()
+        timeout = 2 * args.seconds + args.ramp_timeout + 600
+        if not receive.poll(timeout):
+            raise RuntimeError(f"the {placement.name} pipeline process sent nothing in "
+                               f"{timeout:.0f}s")
+        found = receive.recv()
+        proc.join(60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(30)
+        if placement.pin_mariadb:
+            pin_all_threads(db_pid, db_before)
+            print(f"  MariaDB's affinity restored: {thread_affinities(db_pid)}", flush=True)
+        _clean_up(ep, found.get("with", {}))
+    if "error" in found:
+        raise RuntimeError(f"the {placement.name} pipeline process failed: {found['error']}")
+    row.update(found)
+    row["ratio"] = {p: (row["with"][p] / row["without"][p] if row["without"].get(p) else None)
+                    for p in ("p50", "p95", "p99")}
+    return row, int(row["with"]["last_id"]) + 1
+
+
+def _clean_up(ep: Endpoints, measured: dict[str, Any]) -> None:
+    """The ZooKeeper state a pipeline process left (it exits without stopping)."""
+    from pipeline.state import StateStore
+
+    zk = measured.get("pipeline", {}).get("zookeeper")
+    if zk:
+        state = StateStore.connect(ep.zk_hosts, zk["source"], chroot=zk["root"])
+        try:
+            state.delete("", recursive=True)
+        finally:
+            state.close()
+        drop_zookeeper_root(ep.zk_hosts, zk["root"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of the captured table")
+    parser.add_argument("--seconds", type=float, default=30.0, help="writing time per run")
+    parser.add_argument("--tps", type=float, default=300.0,
+                        help="the application writer's single-row transactions/s")
+    parser.add_argument("--placements", nargs="+", choices=("pinned", "unpinned"),
+                        default=["pinned", "unpinned"])
+    parser.add_argument("--ramp-timeout", type=float, default=180.0,
+                        help="start writing after the capture's first chunk, or this late")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="result file (default bench/results/impact[-smoke].json)")
+    parser.add_argument("--keep", action="store_true", help="keep the database and lakes")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.seconds, args.ramp_timeout = 2000, 3.0, 6.0
+    output = args.output or RESULTS_DIR / ("impact-smoke.json" if args.smoke else "impact.json")
+    args.t0 = time.monotonic()
+
+    # SIGTERM unwinds like Ctrl-C, so MariaDB's affinity is always restored.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    own = tuple(sorted(os.sched_getaffinity(0)))
+    placements: list[Placement] = []
+    skipped: list[str] = []
+    for name in args.placements:
+        if name == "unpinned":
+            placements.append(Placement("unpinned", own, own, False))
+        elif len(own) >= 2:
+            placements.append(Placement("pinned", own[:1], own[1:2], True))
+        else:
+            skipped.append("pinned (needs two CPUs)")
+
+    services.up()
+    ep = services.endpoints()
+    rid = run_id()
+    db = f"bench_impact_{rid}"
+    print(f"impact bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
+    create_database(ep, db)
+    fill_seconds = fill(ep, db, args.rows)
+    facts = table_facts(ep, db)
+    results: list[dict[str, Any]] = []
+    next_id = args.rows + 1
+    try:
+        for placement in placements:
+            row, next_id = run_placement(ep, db, rid, placement, args, next_id)
+            results.append(row)
+    finally:
+        if not args.keep:
+            drop_database(ep, db)
+            for placement in placements:
+                remove_lake(f"impact-{placement.name}-{rid}")
+    print()
+    print_table(
+        ["placement", "capture", "writes", "tx/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
+         "p50 ratio", "p99 ratio", "requirement"],
+        [[r["placement"], side, r[side]["count"], r[side]["achieved_tps"],
+          *[f"{r[side][p]:.3f}" for p in ("p50", "p95", "p99", "max")],
+          *([f"{r['ratio'][p]:.2f}x" if r["ratio"][p] else "-" for p in ("p50", "p99")]
+            if side == "with" else ["", ""]),
+          (f"p99 ratio <= {TARGET_PINNED_P99_RATIO}x"
+           if side == "with" and r["placement"] == "pinned" else "")]
+         for r in results for side in ("without", "with")],
+    )
+    parameters = {
+        "rows": args.rows, "seconds": args.seconds, "tps": args.tps, "insert_share": 0.2,
+        "placements": [p.name for p in placements], "skipped": skipped,
+        "ramp_timeout_s": args.ramp_timeout, "smoke": args.smoke,
+        "spark_master": spark_conf()["spark.master"],
+    }
+    path = write_results(output, "impact", parameters, results, {
+        "table": {**facts, "generate_seconds": round(fill_seconds, 1), "columns": 10},
+        "mariadb": mariadb_version(ep),
+        "requirement": {"pinned_p99_ratio_max": TARGET_PINNED_P99_RATIO},
+        "bench_seconds": round(time.monotonic() - args.t0, 1),
+    })
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The latency and impact benchmarks work (tiny sizes, each in its own process: the impact
+bench pins CPUs): each writes its JSON with sane figures. Timings are never asserted here;
+`make bench` measures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pipeline.services import Endpoints
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(module: str, out: Path, timeout: float = 240.0) -> dict[str, Any]:
+    """``python -m bench.<module> --smoke``; on a timeout it gets SIGTERM first (the impact
+    bench restores MariaDB's CPU affinity on the way out)."""
+    proc = subprocess.Popen([sys.executable, "-m", f"bench.{module}", "--smoke",
+                             "--output", str(out)], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        pytest.fail(f"bench.{module} --smoke took over {timeout:.0f}s:\n{output[-4000:]}")
+    assert proc.returncode == 0, output[-4000:]
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert doc["parameters"]["smoke"] is True
+    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
+    assert doc["results"]
+    return doc
+
+
+def _ordered(stats: dict[str, Any]) -> None:
+    assert stats["count"] > 0
+    assert 0 <= stats["p50"] <= stats["p95"] <= stats["p99"] <= stats["max"]
+
+
+def test_latency_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
+    doc = _run("bench_latency", tmp_path / "latency.json")
+    assert doc["name"] == "latency"
+    base, dblog = doc["results"]["baseline"], doc["results"]["dblog"]
+    assert base["commits"] > 0 and base["achieved_tps"] > 0 and base["rows_decoded"] > 0
+    _ordered(base["decoded"])
+    assert base["decoded"]["unseen"] == 0  # the bare loop sees every row before the marker
+    assert dblog["commits"] > 0 and dblog["achieved_tps"] > 0
+    for path in ("changelog", "mirror"):
+        _ordered(dblog[path])
+        assert dblog[path]["unseen"] == 0  # every write reached the lake before the timeout
+        for p in ("p50", "p99"):
+            assert doc["results"]["ratio"][f"{path}_{p}"] > 0
+    assert dblog["delta_versions"]["changelog"] > 0 and dblog["tailer_events"] > 0
+
+
+def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
+    doc = _run("bench_impact", tmp_path / "impact.json")
+    assert doc["name"] == "impact"
+    rows = {r["placement"]: r for r in doc["results"]}
+    expected = {"pinned", "unpinned"} if (os.cpu_count() or 1) >= 2 else {"unpinned"}
+    assert set(rows) == expected
+    for row in rows.values():
+        for side in ("without", "with"):
+            _ordered(row[side])
+            assert row[side]["achieved_tps"] > 0
+        pipeline = row["with"]["pipeline"]
+        assert pipeline["ramp_seconds"] > 0 and pipeline["rows_captured"] >= 0
+        assert row["ratio"]["p50"] > 0 and row["ratio"]["p99"] > 0
+    if "pinned" in rows:
+        pinned = rows["pinned"]
+        assert pinned["mariadb_cpus"] == [pinned["app_cpus"]]
+        assert pinned["with"]["writer_cpus"] == [[pinned["app_cpus"]]]
+        placed = pinned["with"]["pipeline"]["pipeline_cpus"]
+        assert placed["process"] == [pinned["pipeline_cpus"]]
+        assert placed["jvm"] and all(j == [pinned["pipeline_cpus"]] for j in placed["jvm"])
+        # MariaDB got its affinity back.
+        from bench.bench_impact import mariadb_pid, thread_affinities
+
+        assert pinned["app_cpus"] not in thread_affinities(mariadb_pid())
