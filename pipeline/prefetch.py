@@ -32,7 +32,12 @@ class _Item:
 
     @property
     def weight(self) -> int:
-        return sum(max(1, len(tx.items)) for tx in self.transactions)
+        return _weight(self.transactions)
+
+
+def _weight(transactions: list[Transaction]) -> int:
+    """What read-ahead transactions count against ``max_ahead``: their log items."""
+    return sum(max(1, len(tx.items)) for tx in transactions)
 
 
 class PrefetchingReader:
@@ -114,7 +119,7 @@ class PrefetchingReader:
                     taken, rest = item.transactions[:room], item.transactions[room:]
                     self._queue[0] = _Item(rest, item.resume)
                     out += taken
-                    self._ahead -= _Item(taken, None).weight
+                    self._ahead -= _weight(taken)
                     self._resume = taken[-1].resume
             self._cond.notify_all()
         return out

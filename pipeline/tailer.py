@@ -58,9 +58,9 @@ log = logging.getLogger(__name__)
 CHUNKS = "chunks"
 """ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
 EXPIRY_CHECK_S = 30.0
+"""How often the tailer looks for expired windows (besides once at each start)."""
 QUIET_S = 5.0
 """``--until-caught-up`` also ends after the reader found nothing new this long."""
-"""How often a busy tailer looks for expired windows (an idle one looks at every poll)."""
 
 
 NOTICES = "notices"

@@ -480,11 +480,12 @@ class DeltaSink:
         arrow_schema = to_arrow_schema(schema)
         events = tb.events
         n_truncates = len(tb.truncates)
+        rows = len(events) + n_truncates
         source_type = arrow_schema.field("source").type
         source = pa.StructArray.from_arrays(
-            [pa.array([self.layout.source] * (len(events) + n_truncates), pa.string()),
-             pa.array([tb.table.database] * (len(events) + n_truncates), pa.string()),
-             pa.array([tb.table.table] * (len(events) + n_truncates), pa.string()),
+            [pa.array([self.layout.source] * rows, pa.string()),
+             pa.array([tb.table.database] * rows, pa.string()),
+             pa.array([tb.table.table] * rows, pa.string()),
              pa.array([_ts(ev.commit_ts_ms) for ev in events] + [None] * n_truncates,
                       source_type.field("commit_ts").type)],
             fields=list(source_type),
@@ -501,7 +502,7 @@ class DeltaSink:
             pa.array([ev.position.seq for ev in events] + [p.seq for p in tb.truncates],
                      pa.int64()),
             pa.array([ev.window_id for ev in events] + [None] * n_truncates, pa.string()),
-            pa.array([batch] * (len(events) + n_truncates), pa.int64()),
+            pa.array([batch] * rows, pa.int64()),
         ]
         table = pa.Table.from_arrays(arrays, schema=arrow_schema)
         return self.spark.createDataFrame(table, schema)
@@ -741,7 +742,7 @@ class DeltaSink:
                 bounds = flat.agg(F.min(quote_ident(first)), F.max(quote_ident(first))).first()
                 key_span = None if bounds is None or bounds[0] is None else (bounds[0], bounds[1])
             if key_span is not None:
-                dtype = {c.name: spark_type(c.spark_type) for c in columns}[first]
+                dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
                 target = F.col(f"t.{quote_ident(first)}")
                 on = (F.expr(str(on)) & (target >= _literal(key_span[0], dtype))
                       & (target <= _literal(key_span[1], dtype)))
