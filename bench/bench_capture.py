@@ -90,7 +90,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
             capturer = rt.capturer()
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
-            for method in ("stage_chunk", "write_table_batch", "drop_staged"):
+            for method in ("stage_chunk", "write_table_batch", "drop_staged", "_count_emitted",
+                           "_committed_rows", "_append_changelog", "_merge_mirror"):
                 profile.wrap(rt.sink, method, f"sink.{method}")
             profile.wrap(rt.dialect, "write_watermark", "dialect.write_watermark")
             tailer = rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))

@@ -48,7 +48,7 @@ class CaptureOptions:
     """Rows of a range's first chunk (``chunk_sizes`` per table)."""
     chunk_max_rows: int = 200_000
     """Chunks grow (doubling) while one takes under half ``chunk_target_seconds``."""
-    chunk_target_seconds: float = 5.0
+    chunk_target_seconds: float = 15.0
     max_in_flight: int = 4
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0

@@ -63,7 +63,7 @@ class TailConfig:
 class CaptureConfig:
     chunk_size: int = 10_000
     chunk_max_rows: int = 200_000
-    chunk_target_seconds: float = 5.0
+    chunk_target_seconds: float = 15.0
     max_in_flight: int = 4
     range_rows: int = 100000
 
@@ -148,7 +148,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         chunk_size=_positive(capture_data.get("chunk_size", 10_000), "capture.chunk_size"),
         chunk_max_rows=_positive(capture_data.get("chunk_max_rows", 200_000),
                                  "capture.chunk_max_rows"),
-        chunk_target_seconds=_positive(capture_data.get("chunk_target_seconds", 5.0),
+        chunk_target_seconds=_positive(capture_data.get("chunk_target_seconds", 15.0),
                                        "capture.chunk_target_seconds", float),
         max_in_flight=_positive(capture_data.get("max_in_flight", 4), "capture.max_in_flight"),
         range_rows=_positive(capture_data.get("range_rows", 100000), "capture.range_rows"),

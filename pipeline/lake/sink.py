@@ -95,6 +95,8 @@ def widens(old: T.DataType, new: T.DataType) -> bool:
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_COMMIT_IDENTITY = ("dblog.app", "dblog.batch", "dblog.from_lsn", "dblog.to_lsn", "table")
+"""What identifies one batch's changelog commit (``dblog.app`` may be absent: older runs)."""
 
 
 class SchemaEvolutionError(DblogError):
@@ -640,32 +642,22 @@ class DeltaSink:
         if not parts:
             return 0, []
         changes = reduce(DataFrame.unionByName, parts)
+        commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id}
+        self._append_changelog(table, changes, batch, commit_metadata, app_id)
+        emitted: dict[tuple[str, str], int] = {}
         if tb.emissions:
-            # Computed once, before the writes: capture deletes read the mirror this batch
-            # is about to change, so the rows must never be recomputed after the MERGE.
-            changes = changes.localCheckpoint(eager=True)
-        try:
-            emitted: dict[tuple[str, str], int] = {}
-            if tb.emissions:
-                counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
-                          .groupBy(WINDOW_COLUMN, "op").count().collect())
-                emitted = {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
-            commit_metadata = {**metadata, "table": str(table)}
-            (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-             .write.format("delta")
-             .mode("append")
-             .option("txnAppId", app_id or self.app_id)
-             .option("txnVersion", batch)
-             .option("userMetadata", _metadata_json(commit_metadata))
-             .save(self.layout.changelog(table)))
-            with self._txn(batch, commit_metadata, app_id):
-                self._merge_mirror(table, changes, columns, key,
-                                   max(tb.truncates) if tb.truncates else None,
-                                   key_span=_int_key_span(tb) if not tb.emissions else None,
-                                   span_from_changes=bool(tb.emissions))
-        finally:
-            if tb.emissions:
-                changes.unpersist()
+            # Emissions are computed once, into the changelog: capture deletes read the mirror
+            # this batch is about to change, so they must never be recomputed. The mirror and
+            # the counts take the batch's rows back from the changelog commit that holds them
+            # (the one just written, or the one a crashed run wrote before).
+            version = self._commit_version(self.layout.changelog(table), commit_metadata)
+            changes = self._committed_rows(table, version)
+            emitted = self._count_emitted(changes)
+        with self._txn(batch, commit_metadata, app_id):
+            self._merge_mirror(table, changes, columns, key,
+                               max(tb.truncates) if tb.truncates else None,
+                               key_span=_int_key_span(tb) if not tb.emissions else None,
+                               span_from_changes=bool(tb.emissions))
         results = [
             EmissionResult(
                 em.window.window_id, table,
@@ -675,6 +667,67 @@ class DeltaSink:
             for em in tb.emissions
         ]
         return len(tb.events), results
+
+    @staticmethod
+    def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:
+        """Rows per (window, op) among a batch's emissions."""
+        counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
+                  .groupBy(WINDOW_COLUMN, "op").count().collect())
+        return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
+
+    def _append_changelog(self, table: TableId, changes: DataFrame, batch: int,
+                          metadata: Mapping[str, Any], app_id: str | None) -> None:
+        """One idempotent append of the batch, in position order (skipped by Delta when an
+        earlier attempt committed it)."""
+        path = self.layout.changelog(table)
+        (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
+         .write.format("delta")
+         .mode("append")
+         .option("txnAppId", app_id or self.app_id)
+         .option("txnVersion", batch)
+         .option("userMetadata", _metadata_json(metadata))
+         .save(path))
+
+    def _commit_version(self, path: str, metadata: Mapping[str, Any]) -> int:
+        """The version of the changelog commit written with ``metadata`` (app and batch):
+        the latest, or an earlier one when the append was skipped as already written."""
+        from delta.tables import DeltaTable
+
+        def ours(user_metadata: str | None) -> bool:
+            if not user_metadata:
+                return False
+            try:
+                found = json.loads(user_metadata)
+            except ValueError:
+                return False
+            return isinstance(found, dict) and all(
+                found.get(k, metadata[k]) == metadata[k] for k in _COMMIT_IDENTITY if k in metadata)
+
+        table = DeltaTable.forPath(self.spark, path)
+        latest = table.history(1).select("version", "userMetadata").collect()
+        if latest and ours(latest[0]["userMetadata"]):
+            return int(latest[0]["version"])
+        # Skipped as already written (a replay after a crash): an earlier commit holds it.
+        history = (table.history().where(F.col("operation") == "WRITE")
+                   .select("version", "userMetadata").orderBy(F.desc("version")))
+        for row in history.toLocalIterator():
+            if ours(row["userMetadata"]):
+                return int(row["version"])
+        raise DblogError(
+            f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is recorded as "
+            "written "
+            f"to {path} but no commit in its history holds it: the changelog's history was "
+            "cleaned or rewritten; recapture the table into a new lake path"
+        )
+
+    def _committed_rows(self, table: TableId, version: int) -> DataFrame:
+        """The rows changelog commit ``version`` appended (its change feed; no other rows)."""
+        rows = (self.spark.read.format("delta")
+                .option("readChangeFeed", "true")
+                .option("startingVersion", version)
+                .option("endingVersion", version)
+                .load(self.layout.changelog(table)))
+        return rows.drop("_change_type", "_commit_version", "_commit_timestamp")
 
     def _absorb_staging_columns(self, table: TableId) -> None:
         """A chunk selected after a DDL may carry a column the log has not shown yet."""

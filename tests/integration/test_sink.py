@@ -244,6 +244,44 @@ def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     assert gone["_dblog_lsn"] == 500 and gone["_dblog_window_id"] == "w1"
 
 
+def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changelog_holds(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the changelog append and the MERGE: the replay's append is skipped,
+    and the mirror and the counts come from the commit written before, found in the history
+    behind a later commit (a column added in between)."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {"dblog.batch": 1})
+    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (3, "r3")], "id INT, name STRING"),
+                     "w1", TABLE)
+
+    def batch() -> TableBatch:
+        return TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
+                          coverage={"w1": KeyRange((0,), (5,))})
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed between the changelog and the mirror")
+
+    monkeypatch.setattr(sink, "_merge_mirror", crash)
+    with pytest.raises(RuntimeError):
+        sink.write_table_batch(batch(), 2, {"dblog.batch": 2})
+    monkeypatch.undo()
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
+    sink.ensure_schema(wider)
+    assert history(spark, sink.layout.changelog(TABLE))[0]["operation"] != "WRITE"
+
+    _, results = make_sink(spark, tmp_path).write_table_batch(batch(), 2, {"dblog.batch": 2})
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2, 1)]
+    mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert mirror == {1: "r1", 3: "r3"}
+    log = [r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2]
+    assert sorted((r["op"], r["_dblog_seq"]) for r in log) == [("d", 2), ("r", 1), ("r", 3)]
+
+
 def test_without_coverage_a_chunk_deletes_nothing(spark: Any, tmp_path: Path) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
