@@ -35,6 +35,7 @@ from bench.common import (
     COLUMNS,
     RESULTS_DIR,
     TABLE,
+    Profile,
     create_database,
     drop_database,
     fill,
@@ -170,16 +171,23 @@ def bare_loop(ep: Endpoints, db: str, start: dict[str, Any], end: dict[str, Any]
 def dblog_tail(rt: Any) -> dict[str, Any]:
     """One ``tail --until-caught-up`` from the committed position (just before the range)."""
     batches: list[tuple[int, float]] = []
+    profile = Profile()
+    for method in ("_events_df", "_append_changelog", "_merge_mirror"):
+        profile.wrap(rt.sink, method, f"sink.{method}")
     tailer = rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))
     began = time.perf_counter()
-    summary = tailer.run(until_caught_up=True)
+    try:
+        summary = tailer.run(until_caught_up=True)
+    finally:
+        profile.unwrap()
     seconds = time.perf_counter() - began
     write = sum(s for _, s in batches)
     return {"row_events": summary.events, "batches": summary.batches,
             "seconds": round(seconds, 2), "row_events_per_s": summary.events / seconds,
             "delta_write_seconds": round(write, 2),
             "read_decode_seconds": round(seconds - write, 2),
-            "max_batch_events": max((e for e, _ in batches), default=0)}
+            "max_batch_events": max((e for e, _ in batches), default=0),
+            "profile": profile.summary()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,9 +246,11 @@ class Profile:
 
     def __init__(self) -> None:
         self.calls: dict[str, list[float]] = {}
+        self._wrapped: list[tuple[Any, str]] = []
 
     def wrap(self, obj: Any, name: str, label: str | None = None) -> None:
         fn = getattr(obj, name)
+        self._wrapped.append((obj, name))
         key = label or name
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -259,6 +261,12 @@ class Profile:
                 self.calls.setdefault(key, []).append(time.perf_counter() - began)
 
         setattr(obj, name, timed)
+
+    def unwrap(self) -> None:
+        """Take the timing wrappers off again (the objects' own methods show through)."""
+        for obj, name in reversed(self._wrapped):
+            delattr(obj, name)
+        self._wrapped.clear()
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {k: {"calls": len(v), "seconds": round(sum(v), 2),

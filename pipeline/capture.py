@@ -247,7 +247,7 @@ class Capturer:
         keys = capture.value.spec.get("keys")
         where = capture.value.spec.get("where")
         key_list = tuple(cast(Key, key_from_json(k)) for k in keys) if keys is not None else None
-        self._recover(capture_id, range_id)
+        self._recover(capture_id, range_id, stop)
         while True:
             progress = self._progress(capture_id, range_id)
             if progress.done:
@@ -383,12 +383,17 @@ class Capturer:
                 outcome = "interrupted"
                 break
             while len(inflight) >= self.options.max_in_flight:
-                if self._wait(inflight.pop(0), report) == "aborted":
+                waited = self._wait(inflight[0], report, stop)
+                if waited == "interrupted":
+                    outcome = "interrupted"
+                    break
+                inflight.pop(0)
+                if waited == "aborted":
                     outcome = "aborted"
                     break
                 if on_progress is not None:
                     on_progress(report)
-            if outcome == "aborted":
+            if outcome in ("aborted", "interrupted"):
                 break
             bounded = open_end and not past_bound
             began = time.monotonic()
@@ -411,8 +416,14 @@ class Capturer:
                 past_bound = True
             after = last
         # On an exception the windows stay open; the next run's _recover settles them.
+        # On a stop the windows still in flight stay open; the next run's _recover settles
+        # them (the tailer may well emit them meanwhile).
         for wid in inflight:
-            if self._wait(wid, report) == "aborted":
+            waited = self._wait(wid, report, stop)
+            if waited == "interrupted":
+                outcome = "interrupted"
+                break
+            if waited == "aborted":
                 outcome = "aborted"
         self._cleanup(capture_id, range_id)
         return outcome
@@ -473,10 +484,14 @@ class Capturer:
         crash_point("capture.after_hw")
         return wid, rows, last, outcome.final
 
-    def _wait(self, window_id: str, report: RangeReport) -> str:
-        """Wait until the tailer emitted or aborted the window."""
+    def _wait(self, window_id: str, report: RangeReport,
+              stop: threading.Event | None = None) -> str:
+        """Wait until the tailer emitted or aborted the window (``"interrupted"``: stopped
+        first; the window stays open)."""
         deadline = time.monotonic() + self.options.emission_timeout_s
         while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                return "interrupted"
             found = self.state.get_window(window_id)
             if found is None:
                 return "gone"
@@ -495,7 +510,8 @@ class Capturer:
             "is a tailer running for this source? (`dblog tail`)"
         )
 
-    def _recover(self, capture_id: str, range_id: str) -> None:
+    def _recover(self, capture_id: str, range_id: str,
+                 stop: threading.Event | None = None) -> None:
         """Settle windows a crashed run left open for this range."""
         for ws in self._range_windows(capture_id, range_id):
             if ws.status != "registered":
@@ -504,7 +520,10 @@ class Capturer:
                 # Staged and described: its high watermark may or may not be in the log.
                 # Writing it again is harmless (a closed window ignores a second one).
                 self.dialect.write_watermark(ws.window.high)
-                self._wait(ws.window.window_id, RangeReport(capture_id, range_id, ws.window.table))
+                waited = self._wait(ws.window.window_id,
+                                    RangeReport(capture_id, range_id, ws.window.table), stop)
+                if waited == "interrupted":
+                    return
             else:
                 self._abandon(ws.window.window_id)
         self._cleanup(capture_id, range_id)

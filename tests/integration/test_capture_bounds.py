@@ -417,3 +417,53 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
         assert note(CaptureRequest((table,), where="v > 3"), None, (40,))["delete_range"] is None
         assert note(CaptureRequest((table,), keys=((2,), (3,))), None, None)["delete_range"] \
             is None
+
+
+def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it(
+    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no tailer emitting, a stop ends the capture at once (its windows stay open, not
+    for ``emission_timeout_s``); the next run settles them and finishes."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = make_db(services, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+    conn = connect(services, db)
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 301)])
+    conn.close()
+    table = TableId(db, "t")
+    with runtime(services, tmp_path, db, ["t"], server_id=7608, chunk_size=50,
+                 max_in_flight=2) as (rt, bg):
+        bg.stop()  # a position is committed; nothing emits from now on
+        capturer = rt.capturer()
+        capture_id = capturer.plan(CaptureRequest((table,)))
+        stop = threading.Event()
+        stopped_at: list[float] = []
+
+        def stop_once_windows_wait() -> None:
+            ends = time.monotonic() + 120
+            while time.monotonic() < ends and not any(
+                    rt.state.get(chunk_path(w.value.window.window_id)) is not None
+                    for w in rt.state.list_windows()):
+                time.sleep(0.05)
+            time.sleep(1.0)
+            stopped_at.append(time.monotonic())
+            stop.set()
+
+        stopper = threading.Thread(target=stop_once_windows_wait, daemon=True)
+        stopper.start()
+        reports = capturer.run(capture_id, stop=stop)
+        stopper.join(130)
+        stopped_after = time.monotonic() - stopped_at[0]
+        assert [r.status for r in reports] == ["stopped"], reports
+        assert stopped_after < 10, f"the capture returned {stopped_after:.0f}s after its stop"
+        assert any(w.value.status == "registered" for w in rt.state.list_windows())
+
+        with BackgroundTailer(rt.tailer()) as again:
+            capturer = rt.capturer()
+            capturer.health_check = again.check
+            reports = capturer.run(capture_id, stop=threading.Event())
+            assert [r.status for r in reports] == ["done"], reports
+            rt.wait_caught_up(again.check)
+        report = verify_table(rt.dialect, rt.sink, table)
+        assert report.ok, report.summary()
