@@ -1,4 +1,5 @@
-"""The ``dblog`` command: services, tail, capture, pause/resume/cancel, status, verify."""
+"""The ``dblog`` command: services, tail, capture, pause/resume/cancel, status, verify,
+maintain."""
 
 from __future__ import annotations
 
@@ -155,6 +156,26 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if not bad else 1
 
 
+def _maintain(args: argparse.Namespace) -> int:
+    import socket
+
+    from pipeline.errors import LockHeld
+    from pipeline.runtime import open_runtime
+
+    config = _config(args)
+    tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
+    with open_runtime(config) as rt:
+        try:
+            with rt.state.tailer_lock(f"maintain@{socket.gethostname()}", timeout=5.0):
+                for table in tables:
+                    print(rt.sink.maintain(table, vacuum=args.vacuum).summary(), flush=True)
+        except LockHeld as exc:
+            raise DblogError(
+                f"{exc}: a running tailer compacts its tables itself every "
+                "tail.maintain_every_s; run `dblog maintain` while no tailer runs") from exc
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dblog", description=__doc__)
     parser.add_argument("--config", "-c", default=DEFAULT_CONFIG,
@@ -194,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="compare mirror with the source (exit 1 on mismatch)")
     ver.add_argument("tables", nargs="*", metavar="TABLE")
     ver.set_defaults(func=_verify)
+
+    mnt = sub.add_parser("maintain", help="compact the changelog and mirror files (takes the "
+                         "tailer lock: a running tailer does it itself)")
+    mnt.add_argument("tables", nargs="*", metavar="TABLE")
+    mnt.add_argument("--vacuum", action="store_true",
+                     help="also delete files older than Delta's retention (7 days) that no "
+                          "version within it needs")
+    mnt.set_defaults(func=_maintain)
     return parser
 
 

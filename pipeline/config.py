@@ -57,6 +57,7 @@ class TailConfig:
     batch_max_seconds: float = 2.0
     poll_seconds: float = 0.5
     window_expiry_s: float = 1800.0
+    maintain_every_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ def _require(data: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise ConfigError(f"config: {where}.{key} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _not_negative(value: Any, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"config: {where} must be a number of seconds (0: off), "
+                          f"got {value!r}")
+    return float(value)
 
 
 def _positive(value: Any, where: str, kind: type = int) -> Any:
@@ -188,6 +196,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         poll_seconds=_positive(tail_data.get("poll_seconds", 0.5), "tail.poll_seconds", float),
         window_expiry_s=_positive(tail_data.get("window_expiry_s", 1800.0),
                                   "tail.window_expiry_s", float),
+        maintain_every_s=_not_negative(tail_data.get("maintain_every_s", 3600.0),
+                                       "tail.maintain_every_s"),
     )
     spark = data.get("spark") or {}
     return PipelineConfig(

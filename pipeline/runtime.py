@@ -79,6 +79,7 @@ class Runtime:
             batch_max_seconds=tail.batch_max_seconds,
             poll_seconds=tail.poll_seconds,
             window_expiry_s=tail.window_expiry_s,
+            maintain_every_s=tail.maintain_every_s,
         )
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
                       tables=self.config.table_ids, options=options,

@@ -87,6 +87,9 @@ class TailOptions:
     window_expiry_s: float = 1800.0
     """A registered window whose high watermark is not seen within this many seconds of
     its registration is aborted (0: never)."""
+    maintain_every_s: float = 3600.0
+    """Between batches, compact the tables' changelog and mirror files this often (0: never;
+    ``dblog maintain`` does it while no tailer runs)."""
 
 
 @dataclass
@@ -170,6 +173,7 @@ class Tailer:
         self._replay_outcomes: dict[str, str] | None = None
         """While a recorded batch is rebuilt: the window outcomes it must hold."""
         self._last_expiry = 0.0
+        self._last_maintenance = time.monotonic()
         self._spark_key_order: dict[TableId, bool] = {}
 
     # ---- public -----------------------------------------------------------------------
@@ -292,6 +296,7 @@ class Tailer:
             pending = _Pending(start=dict(committed.value.source_position))
             if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                 self._expire_windows()
+            self._maybe_maintain()
             return max_batches is not None and summary.batches >= max_batches
 
         try:
@@ -333,6 +338,17 @@ class Tailer:
             return summary
         finally:
             reader.close()
+
+    def _maybe_maintain(self) -> None:
+        """Compact small files every ``maintain_every_s``, between batches: the tailer is
+        the tables' one writer, so no MERGE ever meets a compaction."""
+        every = self.options.maintain_every_s
+        if every <= 0 or time.monotonic() - self._last_maintenance < every:
+            return
+        self.state.check_leader()
+        for table in self.tables:
+            log.info("maintenance: %s", self.sink.maintain(table).summary())
+        self._last_maintenance = time.monotonic()
 
     def _reset_to_head(self) -> None:
         """Start over at the head of the log (after a purged log; a capture then restores

@@ -164,6 +164,18 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
     return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
 
 
+@dataclass
+class MaintenanceReport:
+    """Data files of a table's changelog and mirror before and after a compaction."""
+
+    table: TableId
+    files: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        parts = [f"{name} {a} -> {b} files" for name, (a, b) in self.files.items()]
+        return f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
+
+
 def _int_key_span(tb: TableBatch) -> tuple[int, int] | None:
     """The least and greatest first key value of a batch's log events, when they are all
     integers (the only type whose Python order is surely Spark's); else None."""
@@ -456,6 +468,38 @@ class DeltaSink:
         DeltaTable.forPath(self._staging_spark, self.layout.staging(table)).delete(
             F.col(WINDOW_COLUMN).isin(list(window_ids))
         )
+
+    # ---- maintenance (by the one writer: the tailer, or `dblog maintain` in its place) --
+
+    def _file_count(self, path: str) -> int:
+        from delta.tables import DeltaTable
+
+        row = DeltaTable.forPath(self.spark, path).detail().select("numFiles").first()
+        return int(row[0]) if row is not None else 0
+
+    def maintain(self, table: TableId, *, vacuum: bool = False) -> MaintenanceReport:
+        """Compact the changelog's and the mirror's small files (one per batch otherwise)
+        and vacuum staging; with ``vacuum`` also the changelog and mirror (Delta's default
+        retention, 7 days: time travel within it stays possible).
+
+        Only the ordered writer may call it (it rewrites files a MERGE would read); staging
+        may be written meanwhile (a vacuum commits nothing)."""
+        from delta.tables import DeltaTable
+
+        report = MaintenanceReport(table)
+        for name, path in (("changelog", self.layout.changelog(table)),
+                           ("mirror", self.layout.mirror(table))):
+            if not self._exists(path):
+                continue
+            before = self._file_count(path)
+            DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
+            report.files[name] = (before, self._file_count(path))
+            if vacuum:
+                DeltaTable.forPath(self.spark, path).vacuum()
+        staging = self.layout.staging(table)
+        if self._exists(staging, self._staging_spark):
+            DeltaTable.forPath(self._staging_spark, staging).vacuum()
+        return report
 
     # ---- the ordered micro-batch -------------------------------------------------------
 

@@ -195,3 +195,49 @@ def test_hostile_identifiers_end_to_end(
     with open_runtime(config, spark=spark) as rt:
         check_table(spark, env, db, "ta`ble ü", ("i d",), rt.layout.changelog(table))
     conn.close()
+
+
+def test_maintain_compacts_small_files_refuses_beside_a_tailer_and_the_tailer_does_it_too(
+    env: Endpoints, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import deltalake
+
+    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"])
+    conn = connect(env, db)
+
+    def insert_and_tail(first: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO t VALUES (%s, %s), (%s, %s)", (first, 1, first + 1, 2))
+        code, _, err = run(capsys, "-c", str(cfg), "tail", "--until-caught-up")
+        assert code == 0, err
+
+    run(capsys, "-c", str(cfg), "tail", "--until-caught-up")  # stores the head position
+    for first in (1, 11, 21):
+        insert_and_tail(first)  # one batch, one changelog file each
+    config = load_config(cfg)
+    table = TableId(db, "t")
+    with open_runtime(config, validate=False) as rt:
+        changelog = rt.layout.changelog(table)
+        before = len(deltalake.DeltaTable(changelog).file_uris())
+        assert before >= 3
+        with rt.state.tailer_lock("a-running-tailer"):
+            code, _, err = run(capsys, "-c", str(cfg), "maintain")
+        assert code == 2 and "a-running-tailer" in err and "maintain_every_s" in err
+    code, out, err = run(capsys, "-c", str(cfg), "maintain", "--vacuum")
+    assert code == 0, err
+    assert f"changelog {before} -> 1 files" in out, out
+    log = deltalake.DeltaTable(changelog)
+    assert len(log.file_uris()) == 1
+    assert sorted(r["id"] for r in log.to_pyarrow_table().column("after").to_pylist()) == [
+        1, 2, 11, 12, 21, 22]
+
+    # A tailer compacts between batches every tail.maintain_every_s.
+    raw = yaml.safe_load(cfg.read_text())
+    raw["tail"]["maintain_every_s"] = 0.001
+    cfg.write_text(yaml.safe_dump(raw, allow_unicode=True))
+    insert_and_tail(31)  # its batch adds a second file; the compaction after it leaves one
+    conn.close()
+    assert len(deltalake.DeltaTable(changelog).file_uris()) == 1
+    code, out, err = run(capsys, "-c", str(cfg), "verify")
+    assert code == 0, out + err

@@ -25,6 +25,8 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.table("shop.orders").chunk_size == 10
     assert config.table("shop.accounts").chunk_size == 10_000  # the default first chunk
     assert config.capture.chunk_max_rows == 200_000
+    assert config.tail.maintain_every_s == 3600.0
+    assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
     assert config.lake == (tmp_path / "lake").resolve()
 
 
@@ -53,6 +55,7 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"source": {k: v for k, v in GOOD["source"].items() if k != "host"}},
          "source.host is missing"),
         ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
+        ({"tail": {"maintain_every_s": -1}}, r"tail.maintain_every_s must be .*\(0: off\)"),
     ],
 )
 def test_bad_config(patch: dict[str, Any], message: str) -> None:
