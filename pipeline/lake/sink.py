@@ -758,10 +758,9 @@ class DeltaSink:
             if ours(row["userMetadata"]):
                 return int(row["version"])
         raise DblogError(
-            f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is recorded as "
-            "written "
-            f"to {path} but no commit in its history holds it: the changelog's history was "
-            "cleaned or rewritten; recapture the table into a new lake path"
+            f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is recorded "
+            f"as written to {path} but no commit in its history holds it: the changelog's "
+            "history was cleaned or rewritten; recapture the table into a new lake path"
         )
 
     def _committed_rows(self, table: TableId, version: int) -> DataFrame:
