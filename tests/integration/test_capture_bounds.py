@@ -139,6 +139,19 @@ def assert_captured_once(rt: Runtime, ep: Endpoints, db: str, table: str, key: l
     )
 
 
+def id_table(ep: Endpoints, rows: int) -> str:
+    """A new database with ``t (id BIGINT PRIMARY KEY, v INT)`` holding ids 1..rows."""
+    db = make_db(ep, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+    if rows:
+        conn = connect(ep, db)
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO t VALUES (%s, %s)",
+                            [(i, i) for i in range(1, rows + 1)])
+        conn.close()
+    return db
+
+
 def assert_mirror_equals_source(rt: Runtime, table: TableId) -> None:
     report = verify_table(rt.dialect, rt.sink, table)
     assert report.ok, report.summary()
@@ -201,12 +214,7 @@ def test_capture_ends_while_rows_keep_arriving_at_the_end_of_the_key_space(
     services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, prefix="cb",
-                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
-    conn = connect(services, db)
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 1501)])
-    conn.close()
+    db = id_table(services, 1500)
     table = TableId(db, "t")
     with runtime(services, tmp_path, db, ["t"], server_id=7601, chunk_size=100,
                  max_in_flight=8) as (rt, bg):
@@ -228,8 +236,7 @@ def test_capture_of_an_empty_table_ends_while_rows_arrive(
     """The table is empty when the capture fixes its range's upper bound; rows arrive from
     then on. The range ends with one chunk; the log brings the rest."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, prefix="cb",
-                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+    db = id_table(services, 0)
     table = TableId(db, "t")
     with runtime(services, tmp_path, db, ["t"], server_id=7602, chunk_size=20) as (rt, bg):
         writer = Inserter(services, db, "t", first_id=1, existing=0)
@@ -425,12 +432,7 @@ def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it
     """With no tailer emitting, a stop ends the capture at once (its windows stay open, not
     for ``emission_timeout_s``); the next run settles them and finishes."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, prefix="cb",
-                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
-    conn = connect(services, db)
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 301)])
-    conn.close()
+    db = id_table(services, 300)
     table = TableId(db, "t")
     with runtime(services, tmp_path, db, ["t"], server_id=7608, chunk_size=50,
                  max_in_flight=2) as (rt, bg):
@@ -465,5 +467,4 @@ def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it
             reports = capturer.run(capture_id, stop=threading.Event())
             assert [r.status for r in reports] == ["done"], reports
             rt.wait_caught_up(again.check)
-        report = verify_table(rt.dialect, rt.sink, table)
-        assert report.ok, report.summary()
+        assert_mirror_equals_source(rt, table)
