@@ -54,6 +54,10 @@ def spark_conf(
         # 50 snapshot partitions by far (bench/bench_sink.py measures it).
         "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "2"),
         "spark.databricks.delta.snapshotPartitions": "2",
+        # VACUUM lists a table's directories in this many tasks (Spark's default, 10,000,
+        # made one vacuum of a small local table take minutes of task overhead).
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": os.environ.get(
+            "DBLOG_LISTING_PARALLELISM", "8"),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

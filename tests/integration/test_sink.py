@@ -474,3 +474,27 @@ def test_every_canonical_type_round_trips_exactly_through_changelog_and_mirror(
     assert log[3]["before"] is not None and as_python(log[3]["before"]) == values[0]
     assert all(r["before"] is None for r in log[:3])
     assert log[0]["source"]["table"] == "items" and log[0]["_dblog_batch"] == 1
+
+
+# ---- maintenance --------------------------------------------------------------------------
+
+
+def test_maintenance_lists_a_small_table_in_a_few_tasks(spark: Any, tmp_path: Path) -> None:
+    """VACUUM lists files in ``parallelPartitionDiscovery.parallelism`` tasks; Spark's
+    default (10,000) made each vacuum of a small table minutes of task overhead, stalling
+    the tailer that runs it between batches."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    for n in (1, 2):
+        sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, n, n)]), n, {"dblog.batch": n})
+    group = f"maintain-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "maintenance task count")
+    try:
+        sink.maintain(TABLE, vacuum=True)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+    stages = [tracker.getStageInfo(s) for job in jobs if job for s in job.stageIds]
+    tasks = sum(stage.numTasks for stage in stages if stage)
+    assert jobs and tasks < 1000, f"{len(jobs)} jobs ran {tasks} tasks"
