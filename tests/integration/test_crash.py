@@ -36,24 +36,25 @@ CRASHES = (
 
 
 SMOKE = (CRASHES[0], CRASHES[2])
-"""What ``make test`` runs (a crash mid tail batch and one mid chunk); ``make test-slow`` runs
-every crash point. ``tail.after_delta`` also has its own test in test_silent_loss.py."""
+"""What ``make test`` runs (a crash mid tail batch and one mid chunk, on smaller tables in
+150-row chunks: still five windows or more per table); ``make test-slow`` runs every
+crash point. ``tail.after_delta`` also has its own test in test_silent_loss.py."""
 
 
-@pytest.mark.parametrize("crashes", [
-    pytest.param(SMOKE, id="smoke"),
-    pytest.param(CRASHES, id="every-crash-point", marks=pytest.mark.slow),
+@pytest.mark.parametrize(("crashes", "accounts", "orders", "chunk_size"), [
+    pytest.param(SMOKE, 900, 750, 150, id="smoke"),
+    pytest.param(CRASHES, 1800, 1200, 200, id="every-crash-point", marks=pytest.mark.slow),
 ])
 def test_kill_and_restart(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    crashes: tuple[str, ...],
+    crashes: tuple[str, ...], accounts: int, orders: int, chunk_size: int,
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"crash_{uuid.uuid4().hex[:8]}"
-    create_schema(services, db, accounts=1800, orders=1200, seed=5)
+    create_schema(services, db, accounts=accounts, orders=orders, seed=5)
     config_path = write_config(
         tmp_path / "dblog.yaml", source=f"crash-{uuid.uuid4().hex[:8]}", ep=services, db=db,
-        lake=tmp_path / "lake", chunk_size=200, batch_seconds=0.3,
+        lake=tmp_path / "lake", chunk_size=chunk_size, batch_seconds=0.3,
     )
     pw = services.mariadb_password
     initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
