@@ -86,6 +86,8 @@ class RangeReport:
     rows_selected: int = 0
     rows_emitted: int = 0
     rows_dropped: int = 0
+    rows_deleted: int = 0
+    """Mirror rows a complete chunk read proved gone from the source (written as deletes)."""
     retries: int = 0
     first_lsn: int | None = None
     last_lsn: int | None = None
@@ -275,6 +277,7 @@ class Capturer:
         final = self._progress(capture_id, range_id)
         report.rows_emitted = final.rows_emitted
         report.rows_dropped = final.rows_dropped
+        report.rows_deleted = final.rows_deleted
         report.seconds = time.monotonic() - began
         if on_progress is not None:
             on_progress(report)

@@ -31,9 +31,14 @@ class SourceConfig:
     password_env: str
     server_id: int = 5401
     watermark_database: str = "dblog"
+    secret: str | None = field(default=None, repr=False, compare=False)
+    """The password itself, when a caller resolved it (Dagster's ``EnvVar``); else it is
+    read from ``password_env`` when needed."""
 
     @property
     def password(self) -> str:
+        if self.secret is not None:
+            return self.secret
         try:
             return os.environ[self.password_env]
         except KeyError:
@@ -58,6 +63,10 @@ class TailConfig:
     poll_seconds: float = 0.5
     window_expiry_s: float = 1800.0
     maintain_every_s: float = 3600.0
+    lag_warn_s: float = 60.0
+    """The tail-lag asset check warns above this many seconds behind the source..."""
+    lag_error_s: float = 600.0
+    """...and fails (severity ERROR) above this many."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                   "tail.window_expiry_s", float),
         maintain_every_s=_not_negative(tail_data.get("maintain_every_s", 3600.0),
                                        "tail.maintain_every_s"),
+        lag_warn_s=_positive(tail_data.get("lag_warn_s", 60.0), "tail.lag_warn_s", float),
+        lag_error_s=_positive(tail_data.get("lag_error_s", 600.0), "tail.lag_error_s", float),
     )
+    if tail.lag_error_s < tail.lag_warn_s:
+        raise ConfigError("config: tail.lag_error_s must not be below tail.lag_warn_s")
     spark = data.get("spark") or {}
     return PipelineConfig(
         source=source,

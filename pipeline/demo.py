@@ -22,7 +22,10 @@ ACCOUNTS = int(os.environ.get("DBLOG_DEMO_ACCOUNTS", "20000"))
 ORDERS = int(os.environ.get("DBLOG_DEMO_ORDERS", "10000"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; ``--config-only`` only writes its config and sample schema (what
+    ``make dagster`` needs before a first ``make demo``)."""
+    args = sys.argv[1:] if argv is None else argv
     began = time.monotonic()
     ep = services.endpoints()
     os.environ.setdefault("DBLOG_MARIADB_PASSWORD", ep.mariadb_password)
@@ -36,6 +39,8 @@ def main() -> int:
     print(f"demo: config {config_path}; sample schema {DATABASE} "
           f"({ACCOUNTS} accounts, {ORDERS} orders)", flush=True)
     create_schema(ep, DATABASE, ACCOUNTS, ORDERS, seed=7)
+    if "--config-only" in args:
+        return 0
     with open_runtime(config) as rt:
         rt.state.delete("", recursive=True)  # forget an earlier demo's positions and captures
         tailed = {"events": 0, "batches": 0}

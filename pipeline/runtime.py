@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pipeline.capture import CaptureOptions, Capturer
 from pipeline.config import PipelineConfig
 from pipeline.errors import ConfigError, DblogError
+from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.state import StateStore
 from pipeline.tailer import Tailer, TailOptions
@@ -51,13 +52,18 @@ class Runtime:
     state: StateStore
     _spark: SparkSession | None = None
     _sink: DeltaSink | None = None
+    spark_factory: Callable[[], SparkSession] | None = None
+    """Builds the session on first use (Dagster's PySpark resource); default: our own."""
 
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
-            from pipeline.spark import build_spark_session
+            if self.spark_factory is not None:
+                self._spark = self.spark_factory()
+            else:
+                from pipeline.spark import build_spark_session
 
-            self._spark = build_spark_session(master=self.config.spark_master)
+                self._spark = build_spark_session(master=self.config.spark_master)
         return self._spark
 
     @property
@@ -72,7 +78,7 @@ class Runtime:
     def layout(self) -> LakeLayout:
         return LakeLayout(self.config.lake, self.config.source.name)
 
-    def tailer(self, **kwargs: object) -> Tailer:
+    def tailer(self, tables: Sequence[TableId] | None = None, **kwargs: object) -> Tailer:
         tail = self.config.tail
         options = TailOptions(
             batch_max_events=tail.batch_max_events,
@@ -82,7 +88,8 @@ class Runtime:
             maintain_every_s=tail.maintain_every_s,
         )
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
-                      tables=self.config.table_ids, options=options,
+                      tables=self.config.table_ids if tables is None else tuple(tables),
+                      options=options,
                       identifier=identifier(), **kwargs)  # type: ignore[arg-type]
 
     def capturer(self) -> Capturer:
@@ -128,7 +135,8 @@ class Runtime:
 
 @contextmanager
 def open_runtime(
-    config: PipelineConfig, *, spark: SparkSession | None = None, validate: bool = True
+    config: PipelineConfig, *, spark: SparkSession | None = None, validate: bool = True,
+    spark_factory: Callable[[], SparkSession] | None = None,
 ) -> Iterator[Runtime]:
     """Connect the source and ZooKeeper; closes connections (not Spark) on exit."""
     dialect = make_dialect(config)
@@ -144,7 +152,7 @@ def open_runtime(
         dialect.close()
         raise
     try:
-        yield Runtime(config, dialect, state, spark)
+        yield Runtime(config, dialect, state, spark, spark_factory=spark_factory)
     finally:
         state.close()
         dialect.close()

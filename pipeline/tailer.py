@@ -104,6 +104,9 @@ class BatchReport:
     rows_emitted: int = 0
     commit_ts_ms: int | None = None
     seconds: float = 0.0
+    table_events: dict[TableId, int] = field(default_factory=dict)
+    """Log events written per table, for every table the batch touched (chunk emissions
+    included: a table with only an emission shows 0)."""
 
 
 @dataclass
@@ -195,6 +198,11 @@ class Tailer:
         stop = stop or threading.Event()
         with self.state.tailer_lock(self.identifier, timeout=lock_timeout):
             return self._run(stop, until_caught_up, max_batches, reset_to_head)
+
+    def run_locked(self, *, stop: threading.Event) -> TailSummary:
+        """Tail until ``stop`` while the caller holds ``state.tailer_lock`` (a supervisor
+        that restarts tailers with another table set without letting the lock go)."""
+        return self._run(stop, False, None, False)
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -621,6 +629,7 @@ class Tailer:
         deleted_rows: dict[str, int] = {}
         crash_point("tail.before_delta")
         for table, tb in pending.tables.items():
+            report.table_events[table] = len(tb.events) + len(tb.truncates)
             for schema in pending.schemas.get(table, []):
                 self.sink.ensure_schema(schema)
             if not self.sink.known_columns(table):

@@ -156,6 +156,11 @@ class SourceDialect(Protocol):
         """One chunk as a Spark DataFrame in the table's canonical schema, in key order."""
         ...
 
+    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
+        """The key at 0-based ``offset`` above ``after`` in the database's key order, or
+        ``None`` (plans key ranges without Spark)."""
+        ...
+
     def spark_orders_keys_like_source(self, table: TableId) -> bool:
         """True only when Spark's natural ordering of the key columns' canonical lake values
         equals the database's ``ORDER BY`` of those key columns (so key ranges, bounds and

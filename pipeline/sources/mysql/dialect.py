@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import pymysql
 
 from pipeline.errors import ConfigError, LogPurgedError, SourceError
-from pipeline.events import Position, TableId
+from pipeline.events import Key, Position, TableId
 from pipeline.sources.base import ChunkSpec, TableSchema, Transaction
 from pipeline.sources.mysql.binlog import (
     WATERMARK_TABLE,
@@ -199,6 +199,22 @@ class MySqlDialect:
 
     def table_schema(self, table: TableId) -> TableSchema:
         return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
+
+    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
+        """The key at 0-based ``offset`` above ``after`` in key order (``None`` if none):
+        plans key ranges of a given size; reads only the primary-key index."""
+        from pipeline.sources.mysql.snapshot import key_at_offset_sql, key_from_text
+
+        schema = self.table_schema(table)
+        sql = key_at_offset_sql(schema, after, offset)
+
+        def read(conn: Any) -> Any:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchone()
+
+        row = self._run(read, f"planning key ranges of {table}")
+        return None if row is None else key_from_text(schema, row)
 
     def spark_orders_keys_like_source(self, table: TableId) -> bool:
         """Whether Spark's natural order of the key's canonical lake values is the

@@ -148,6 +148,56 @@ def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
     )
 
 
+def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int) -> str:
+    """SELECT of the key at 0-based ``offset`` above ``after_key`` (None: from the table's
+    start), in the database's key order; key columns projected like a chunk's."""
+    if not schema.key:
+        raise ConfigError(f"table {schema.table} has no primary key")
+    if offset < 0:
+        raise ValueError("offset must not be negative")
+    projections = []
+    for name in schema.key:
+        col = schema.column(name)
+        quoted = quote_ident(name)
+        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
+        projections.append(f"{expr} AS {quoted}")
+    where = ""
+    if after_key is not None:
+        try:
+            bound_sql, params = next_chunk_predicate(
+                schema.key, after_key, None, quote_ident=quote_ident, placeholder=_MARK
+            )
+        except ValueError as exc:
+            raise ConfigError(f"key range of {schema.table}: {exc}") from None
+        where = f" WHERE {_render(bound_sql, params)}"
+    return (
+        f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
+        f"{where} ORDER BY {_order_by(schema)} LIMIT 1 OFFSET {int(offset)}"
+    )
+
+
+def key_from_text(schema: TableSchema, values: Sequence[Any]) -> Key:
+    """A key read through :func:`key_at_offset_sql` with PyMySQL, in the engine's canonical
+    form (what Spark's canonical cast and the log decoder give)."""
+    import datetime as dt
+
+    key = []
+    for name, value in zip(schema.key, values, strict=True):
+        kind = schema.column(name).spark_type
+        if value is None:
+            raise ConfigError(f"{schema.table}: key column {name} holds a value dblog cannot "
+                              "read (a zero date?)")
+        if kind == "DATE":
+            value = dt.date.fromisoformat(str(value))
+        elif kind == "TIMESTAMP_NTZ":
+            value = dt.datetime.fromisoformat(str(value))
+        elif kind == "TIMESTAMP":
+            value = dt.datetime.fromisoformat(str(value).removesuffix("Z")).replace(
+                tzinfo=dt.UTC)
+        key.append(value)
+    return tuple(key)
+
+
 def read_max_key(
     spark: SparkSession, dialect: SourceDialect, schema: TableSchema, after_key: Key | None
 ) -> DataFrame:

@@ -1,0 +1,103 @@
+"""A running tailer picks up a table added to the config: no gap and no duplicate for the
+table it already served (writers run throughout), the new table captures, all verify; a
+config naming a missing table is reported and ignored."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.capture import CaptureRequest
+from pipeline.config import load_config
+from pipeline.events import TableId
+from pipeline.follow import FollowSummary, tail_following_config
+from pipeline.runtime import open_runtime
+from pipeline.sample import Workload, config_dict, create_schema
+from pipeline.services import Endpoints
+from pipeline.verify import verify_table
+from tests.integration.checks import check_table
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
+
+
+def wait_for(what: str, done: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = f"follow_{uuid.uuid4().hex[:6]}"
+    create_schema(services, db, accounts=300, orders=200, seed=5)
+    path = tmp_path / "dblog.yaml"
+    data = config_dict(source=f"follow-{uuid.uuid4().hex[:6]}", ep=services,
+                       tables=[f"{db}.accounts"], lake=tmp_path / "lake", chunk_size=400,
+                       batch_seconds=0.5)
+    path.write_text(yaml.safe_dump(data))
+    notices: list[str] = []
+    stop = threading.Event()
+    outcome: dict[str, Any] = {}
+    with open_runtime(load_config(path), spark=spark) as rt:
+
+        def follow() -> None:
+            try:
+                outcome["summary"] = tail_following_config(
+                    rt, lambda: load_config(path).table_ids, stop=stop,
+                    on_notice=notices.append, check_every_s=0.5)
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        def alive() -> None:
+            assert "error" not in outcome, outcome
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+        workload = Workload(services, db, 5, pause_s=0.02).start()
+        try:
+            rt.wait_started(alive)
+            capturer = rt.capturer()
+            capturer.health_check = alive
+            first = capturer.run(capturer.plan(CaptureRequest((TableId(db, "accounts"),))))
+            assert [r.status for r in first] == ["done"]
+
+            # A table that does not exist: reported, ignored, the tail goes on.
+            path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.accounts",
+                                                               f"{db}.no_such_table"]}))
+            wait_for("the notice about the missing table",
+                     lambda: any("no_such_table" in n for n in notices))
+            alive()
+
+            path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.accounts",
+                                                               f"{db}.orders"]}))
+            wait_for("the switch to two tables", lambda: any("added: " + f"{db}.orders" in n
+                                                             for n in notices))
+            second = capturer.run(capturer.plan(CaptureRequest((TableId(db, "orders"),))))
+            assert [r.status for r in second] == ["done"]
+            time.sleep(1.0)
+        finally:
+            workload.stop()
+        assert workload.ops > 50
+        rt.wait_caught_up(alive)
+        stop.set()
+        thread.join(120)
+        alive()
+        summary: FollowSummary = outcome["summary"]
+        assert summary.restarts == 1
+        assert set(summary.tables) == {TableId(db, "accounts"), TableId(db, "orders")}
+        for table in ("accounts", "orders"):
+            report = verify_table(rt.dialect, rt.sink, TableId(db, table))
+            assert report.ok, report.summary()
+            check_table(spark, services, db, table, KEYS[table],
+                        rt.layout.changelog(TableId(db, table)))
