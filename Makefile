@@ -31,8 +31,13 @@ test-slow: services-up  ## the long suites (every crash point); not part of `mak
 demo: services-up  ## the main job on the embedded default configuration
 	@$(PY) -m pipeline.demo
 
-dagster: services-up  ## the Dagster UI on http://127.0.0.1:3000
-	@$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+DAGSTER_HOME_DIR := $(CURDIR)/.dblog/dagster
+
+dagster: services-up  ## the Dagster UI and daemon on http://127.0.0.1:3000 (config: $$DBLOG_CONFIG or the demo's)
+	@mkdir -p $(DAGSTER_HOME_DIR) && cp deploy/dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
+	@test -n "$$DBLOG_CONFIG" || test -f .dblog/demo/dblog.yaml || $(PY) -m pipeline.demo --config-only
+	@eval "$$($(PY) -m pipeline.cli services env)" && export DBLOG_MARIADB_PASSWORD && \
+		DAGSTER_HOME=$(DAGSTER_HOME_DIR) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean: services-down
 	rm -rf .dblog

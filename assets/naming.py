@@ -60,7 +60,8 @@ class TableAssets:
 
     @property
     def group(self) -> str:
-        return safe_name(f"{self.source_name}__{self.table.database}")
+        """One group per table: the lineage graph labels each table's four assets with it."""
+        return safe_name(f"{self.table.database}__{self.table.table}")
 
     @property
     def partitions_name(self) -> str:

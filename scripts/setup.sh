@@ -9,7 +9,8 @@ JARS="${DBLOG_JARS:-$DBLOG_HOME/jars}"
 VENV="${DBLOG_VENV:-$PWD/.venv}"
 PYTHON="${PYTHON:-python3.11}"
 APT_PACKAGES=(mariadb-server mariadb-client postgresql-15 postgresql-client-15
-              postgresql-15-wal2json zookeeper openjdk-17-jdk-headless maven)
+              postgresql-15-wal2json zookeeper openjdk-17-jdk-headless maven
+              chromium fonts-dejavu-core)
 
 fail() { echo "setup: error: $*" >&2; exit 1; }
 say() { echo "setup: $*"; }
