@@ -13,6 +13,7 @@ from assets.checks import table_checks
 from assets.full_state import full_state_asset
 from assets.naming import TableAssets
 from assets.planner import planner_sensor
+from assets.repair import repair_job, repair_schedule
 from assets.tailer import keep_alive_sensor, tailer_job
 from pipeline.config import PipelineConfig, load_config
 from pipeline.lake.layout import LakeLayout
@@ -70,10 +71,13 @@ def build_definitions(config_path: str | Path) -> Definitions:
         assets.append(full_state_asset(source, names))
         checks.extend(table_checks(names))
     job = tailer_job(source)
+    repairs = [repair_job(source, t) for t in config.tables]
     return Definitions(
         assets=assets,
         asset_checks=checks,
-        jobs=[job],
+        jobs=[job, *repairs],
+        schedules=[repair_schedule(source, t, j) for t, j in zip(config.tables, repairs,
+                                                                  strict=True)],
         sensors=[keep_alive_sensor(source, job), planner_sensor(source, tables)],
         resources={"dblog": dblog_resource(config, path)},
     )

@@ -50,10 +50,14 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
-    """One captured table and its own chunk size."""
+    """One captured table, its own chunk size and its repair-dump schedule."""
 
     table: TableId
     chunk_size: int
+    repair_cron: str | None = None
+    """When to compare mirror and source and capture the ranges that differ (off: None)."""
+    repair_capture_all: bool = False
+    """A repair captures every range instead of only the differing ones."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,18 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         except ValueError as exc:
             raise ConfigError(f"config: tables[{i}]: {exc}") from None
         size = _positive(entry.get("chunk_size", capture.chunk_size), f"tables[{i}].chunk_size")
-        tables.append(TableConfig(tid, size))
+        unknown_keys = set(entry) - {"name", "chunk_size", "repair_cron", "repair_capture_all"}
+        if unknown_keys:
+            raise ConfigError(f"config: tables[{i}]: unknown keys: "
+                              f"{', '.join(sorted(map(str, unknown_keys)))}")
+        cron = entry.get("repair_cron")
+        if cron is not None and (not isinstance(cron, str) or len(cron.split()) != 5):
+            raise ConfigError(f"config: tables[{i}].repair_cron must be a 5-field cron "
+                              f"expression, got {cron!r}")
+        capture_all = entry.get("repair_capture_all", False)
+        if not isinstance(capture_all, bool):
+            raise ConfigError(f"config: tables[{i}].repair_capture_all must be true or false")
+        tables.append(TableConfig(tid, size, cron, capture_all))
     if len({t.table for t in tables}) != len(tables):
         raise ConfigError("config: a table is listed twice")
     lake_raw = data.get("lake", str(dblog_home() / "lake"))

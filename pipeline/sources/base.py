@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.chunking import KeyRange
 from pipeline.events import ChangeEvent, Key, Position, TableId, WatermarkEvent
 
 SPARK_TYPES = (
@@ -159,6 +160,12 @@ class SourceDialect(Protocol):
     def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
         """The key at 0-based ``offset`` above ``after`` in the database's key order, or
         ``None`` (plans key ranges without Spark)."""
+        ...
+
+    def range_checksums(self, table: TableId, ranges: Sequence[KeyRange]
+                        ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+        """Per key range, ``(row count, checksum)`` computed on the database from one
+        snapshot, and the native log position of that snapshot."""
         ...
 
     def spark_orders_keys_like_source(self, table: TableId) -> bool:

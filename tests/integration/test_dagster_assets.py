@@ -25,6 +25,8 @@ from dagster import (
     instance_for_test,
     materialize,
 )
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
 from assets.definitions import build_definitions
 from assets.naming import TAILER_TAG, TableAssets, tailer_job_name
@@ -34,6 +36,7 @@ from pipeline.ranges import parse_range_name
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES, Workload, config_dict, create_schema
 from pipeline.services import Endpoints
+from pipeline.verify import verify_table
 from tests.integration.checks import check_table
 
 pytestmark = pytest.mark.integration
@@ -138,6 +141,34 @@ def test_backfill_ranges_while_the_tailer_job_runs(
                 workload.stop()
             rt.wait_caught_up(lambda: None if thread.is_alive() else pytest.fail(
                 f"the tailer run ended early: {outcome}"))
+            # The asset checks pass while the tailer runs.
+            checks = define_asset_job("checks", selection=AssetSelection.checks_for_assets(
+                *[n.mirror for n in names.values()], *[n.changelog for n in names.values()]))
+            job = Definitions(assets=defs.assets, asset_checks=defs.asset_checks,
+                              jobs=[checks], resources=defs.resources).resolve_job_def("checks")
+            checked = job.execute_in_process(instance=instance)
+            evaluations = [e.asset_check_evaluation_data for e in checked.all_events
+                           if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+            assert len(evaluations) == 6
+            assert all(e.passed for e in evaluations), [
+                (e.asset_key, e.check_name, e.metadata) for e in evaluations if not e.passed]
+
+            # A lost mirror row: the repair job finds its range and captures only it.
+            DeltaTable.forPath(spark, rt.layout.mirror(TableId(db, "accounts"))).delete(
+                F.col("id") == 300)
+            repair = defs.get_job_def(f"repair_{'__'.join(names['accounts'].prefix)}")
+            repaired = repair.execute_in_process(instance=instance, resources=defs.resources)
+            assert repaired.success
+            (output,) = [e for e in repaired.all_events if e.event_type_value == "STEP_OUTPUT"]
+            meta = output.event_specific_data.metadata  # type: ignore[union-attr]
+            # The table grew while writers ran: the repair planned its new ranges first.
+            planned = instance.get_dynamic_partitions(names["accounts"].partitions_name)
+            assert len(planned) > len(accounts)
+            assert meta["ranges_checked"].value == len(planned)
+            assert meta["ranges_repaired"].value == 1
+            rt.wait_caught_up(lambda: None)
+            assert verify_table(rt.dialect, rt.sink, TableId(db, "accounts")).ok
+
             # Terminate the run as the UI does: it stops at a batch boundary.
             (record,) = instance.get_run_records(RunsFilter(job_name=tailer.name))
             instance.report_run_canceling(record.dagster_run)
@@ -153,17 +184,6 @@ def test_backfill_ranges_while_the_tailer_job_runs(
                 assert instance.get_latest_materialization_event(names[table].mirror)
                 check_table(spark, services, db, table, KEYS[table],
                             rt.layout.changelog(TableId(db, table)))
-
-        checks = define_asset_job("checks", selection=AssetSelection.checks_for_assets(
-            *[n.mirror for n in names.values()], *[n.changelog for n in names.values()]))
-        job = Definitions(assets=defs.assets, asset_checks=defs.asset_checks, jobs=[checks],
-                          resources=defs.resources).resolve_job_def("checks")
-        checked = job.execute_in_process(instance=instance)
-        evaluations = [e.asset_check_evaluation_data for e in checked.all_events
-                       if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-        assert len(evaluations) == 6
-        assert all(e.passed for e in evaluations), [
-            (e.asset_key, e.check_name, e.metadata) for e in evaluations if not e.passed]
 
         # A rotated tailer run: it ends by itself after max_run_seconds.
         began = time.monotonic()

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pymysql
 
+from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError, LogPurgedError, SourceError
 from pipeline.events import Key, Position, TableId
 from pipeline.sources.base import ChunkSpec, TableSchema, Transaction
@@ -215,6 +216,36 @@ class MySqlDialect:
 
         row = self._run(read, f"planning key ranges of {table}")
         return None if row is None else key_from_text(schema, row)
+
+    def range_checksums(self, table: TableId, ranges: Sequence[KeyRange]
+                        ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+        """Row count and checksum of each key range, all from one consistent snapshot, and
+        the binlog position that snapshot corresponds to (rows never leave the database)."""
+        from pipeline.sources.mysql.checksum import all_checksum_sql
+
+        schema = self.table_schema(table)
+        statements = all_checksum_sql(schema, ranges)
+
+        def run(conn: Any) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+            with conn.cursor() as cur:
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                try:
+                    cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                    status = {str(k): v for k, v in cur.fetchall()}
+                    out = []
+                    for sql in statements:
+                        cur.execute(sql)
+                        count, total = cur.fetchone()
+                        out.append((int(count), int(total)))
+                finally:
+                    cur.execute("COMMIT")
+            if status.get("Binlog_snapshot_file"):  # MariaDB: the snapshot's own position
+                return ({"file": str(status["Binlog_snapshot_file"]),
+                         "pos": int(status["Binlog_snapshot_position"])}, out)
+            return {}, out
+
+        position, sums = self._run(run, f"checksumming {table}")
+        return (position or self.head_position()), sums
 
     def spark_orders_keys_like_source(self, table: TableId) -> bool:
         """Whether Spark's natural order of the key's canonical lake values is the

@@ -1,0 +1,177 @@
+"""Compare a table's mirror with its source per key range, without moving rows.
+
+The database computes each range's row count and checksum in one snapshot
+(``SourceDialect.range_checksums``) and reports that snapshot's log position; once the tailer
+has committed past it, Spark computes the same figures over the mirror. Changes committed
+between the snapshot and the mirror's read make a range differ spuriously, so differing
+ranges are compared once more before anyone acts on them.
+
+Ranges need Spark to order the key like the database does (integer, date and binary keys;
+text keys only under binary collations): otherwise a table is compared as one range.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.chunking import KeyRange
+from pipeline.errors import DblogError
+from pipeline.events import Key, TableId
+from pipeline.lake.types import quote_ident
+from pipeline.runtime import Runtime
+from pipeline.sources.base import TableSchema
+from pipeline.sources.mysql.checksum import checksum_columns
+
+WHOLE_TABLE = "whole-table"
+
+
+@dataclass(frozen=True)
+class RangeComparison:
+    """One range's figures on both sides."""
+
+    name: str
+    key_range: KeyRange
+    source_rows: int
+    source_sum: int
+    mirror_rows: int
+    mirror_sum: int
+
+    @property
+    def equal(self) -> bool:
+        return (self.source_rows, self.source_sum) == (self.mirror_rows, self.mirror_sum)
+
+
+def _plain_decimal(col: Column, scale: int) -> Column:
+    """A DECIMAL as MariaDB prints it (``0.00000001``; Spark would print ``1E-8``)."""
+    magnitude = F.abs(col)
+    whole = F.floor(magnitude)  # DECIMAL(p - s + 1, 0): the subtraction below stays exact
+    text = whole.cast("string")
+    if scale > 0:
+        # 1 + fraction prints plainly ("1.00000001"): keep what follows its "1".
+        fraction = (magnitude - whole).cast(T.DecimalType(min(scale + 1, 38), scale))
+        one_plus = (fraction + F.lit(1)).cast(T.DecimalType(min(scale + 2, 38), scale))
+        text = F.concat(text, F.substring(one_plus.cast("string"), 2, scale + 1))
+    return F.concat(F.when(col < 0, F.lit("-")).otherwise(F.lit("")), text)
+
+
+def _text(col: Column, spark_type: str) -> Column:
+    if spark_type.startswith("DECIMAL("):
+        scale = int(spark_type[:-1].split(",")[1])
+        return _plain_decimal(col, scale)
+    if spark_type == "BINARY":
+        return F.hex(col)
+    if spark_type in ("TIMESTAMP", "TIMESTAMP_NTZ"):
+        return F.date_format(col, "yyyy-MM-dd HH:mm:ss.SSSSSS")
+    if spark_type == "DATE":
+        return F.date_format(col, "yyyy-MM-dd")
+    return col.cast("string")
+
+
+def row_hash(frame: DataFrame, schema: TableSchema) -> Column:
+    """The 60-bit hash of a mirror row, as ``checksum.row_hash_sql`` computes it."""
+    return F.conv(F.substring(F.md5(F.encode(row_text(frame, schema), "UTF-8")), 1, 15),
+                  16, 10).cast(T.DecimalType(20, 0))
+
+
+def row_text(frame: DataFrame, schema: TableSchema) -> Column:
+    """The text a mirror row's hash is taken of (``checksum.row_text_sql``)."""
+    present = set(frame.columns)
+    pieces = []
+    for name in checksum_columns(schema):
+        col = F.col(quote_ident(name)) if name in present else F.lit(None)
+        text = _text(col, schema.column(name).spark_type)
+        pieces.append(F.when(col.isNull(), F.lit("N")).otherwise(
+            F.concat(F.lit("V"), F.length(text).cast("string"), F.lit(":"), text)))
+    return F.concat_ws("|", *pieces) if pieces else F.lit("")
+
+
+def _after(cols: Sequence[Column], key: Key, strict_last: bool) -> Column:
+    """Lexicographic ``cols > key`` (``strict_last``) or ``cols <= key``."""
+    out: Column | None = None
+    for i in reversed(range(len(cols))):
+        if strict_last:
+            here = cols[i] > F.lit(key[i])
+        else:
+            here = cols[i] < F.lit(key[i]) if i < len(cols) - 1 else cols[i] <= F.lit(key[i])
+        if out is not None:
+            here = here | ((cols[i] == F.lit(key[i])) & out)
+        out = here
+    assert out is not None
+    return out
+
+
+def in_range(cols: Sequence[Column], key_range: KeyRange) -> Column:
+    cond = F.lit(True)
+    if key_range.lower is not None:
+        cond = cond & _after(cols, key_range.lower, True)
+    if key_range.upper is not None:
+        cond = cond & _after(cols, key_range.upper, False)
+    return cond
+
+
+def mirror_checksums(rt: Runtime, schema: TableSchema, ranges: Sequence[KeyRange]
+                     ) -> list[tuple[int, int]]:
+    """Per range, the mirror's ``(row count, checksum)`` (one Spark job for all ranges)."""
+    if not rt.sink.known_columns(schema.table):
+        return [(0, 0) for _ in ranges]
+    mirror = rt.spark.read.format("delta").load(rt.sink.layout.mirror(schema.table))
+    types = {f.name: f.dataType for f in mirror.schema.fields}
+    keys = [F.col(quote_ident(k)).cast(types[k]) for k in schema.key]
+    index: Column = F.lit(None).cast("int")
+    for i in reversed(range(len(ranges))):
+        index = F.when(in_range(keys, ranges[i]), F.lit(i)).otherwise(index)
+    rows = (mirror.select(index.alias("_range"), row_hash(mirror, schema).alias("_hash"))
+            .where(F.col("_range").isNotNull())
+            .groupBy("_range").agg(F.count(F.lit(1)).alias("n"), F.sum("_hash").alias("s"))
+            .collect())
+    found = {int(r["_range"]): (int(r["n"]), int(r["s"] or 0)) for r in rows}
+    return [found.get(i, (0, 0)) for i in range(len(ranges))]
+
+
+def wait_for_position(rt: Runtime, native: Mapping[str, Any], timeout_s: float,
+                      check: Callable[[], None] | None = None) -> None:
+    """Wait until the tailer committed at or past ``native`` (a source log position)."""
+    target = rt.dialect.to_position(native)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = rt.state.get_position()
+        if found is not None and rt.dialect.to_position(
+                found.value.source_position) >= target:
+            return
+        if check is not None:
+            check()
+        if time.monotonic() >= deadline:
+            raise DblogError(f"the tailer did not reach the comparison's log position within "
+                             f"{timeout_s:.0f}s: is it running?")
+        time.sleep(0.2)
+
+
+def comparable_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange]
+                      ) -> dict[str, KeyRange]:
+    """``ranges``, or the whole table as one range when Spark cannot order its key like
+    the database (per-range figures would then count rows in the wrong ranges)."""
+    if rt.dialect.spark_orders_keys_like_source(table):
+        return dict(ranges)
+    return {WHOLE_TABLE: KeyRange(None, None)}
+
+
+def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], *,
+                   timeout_s: float = 600.0, check: Callable[[], None] | None = None
+                   ) -> list[RangeComparison]:
+    """Compare each range once (source snapshot first, then the mirror once the tailer
+    has passed that snapshot)."""
+    schema = rt.dialect.table_schema(table)
+    names = list(ranges)
+    wanted = [ranges[n] for n in names]
+    position, source = rt.dialect.range_checksums(table, wanted)
+    wait_for_position(rt, position, timeout_s, check)
+    mirror = mirror_checksums(rt, schema, wanted)
+    return [RangeComparison(n, r, s[0], s[1], m[0], m[1])
+            for n, r, s, m in zip(names, wanted, source, mirror, strict=True)]
