@@ -1,0 +1,104 @@
+"""Bad input through the Dagster layer: each gives a clear message in the run's failure
+and writes nothing to Delta (a paused capture, a second tailer, a missing table, ZooKeeper
+down)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster import DagsterInstance, instance_for_test, materialize
+
+from assets.definitions import build_definitions
+from assets.naming import TableAssets, tailer_job_name
+from pipeline.config import load_config
+from pipeline.events import TableId
+from pipeline.ranges import range_name
+from pipeline.runtime import open_runtime
+from pipeline.sample import config_dict, create_schema
+from pipeline.services import Endpoints
+from pipeline.state import RangeProgress
+
+pytestmark = pytest.mark.integration
+
+
+def failure_text(result: Any) -> str:
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failures, "the run did not fail"
+    return str(failures[0].event_specific_data.error.message)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def setup(services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+          ) -> tuple[Path, str, dict[str, Any]]:
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = f"bad_{uuid.uuid4().hex[:6]}"
+    create_schema(services, db, accounts=50, orders=10, seed=1)
+    data = config_dict(source=f"bad-{uuid.uuid4().hex[:6]}", ep=services,
+                       tables=[f"{db}.accounts"], lake=tmp_path / "lake")
+    data["zookeeper"]["root"] = f"dblog-bad-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "dblog.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, db, data
+
+
+def run_partition(path: Path, db: str, table: str, instance: DagsterInstance) -> Any:
+    defs = build_definitions(path)
+    names = TableAssets(load_config(path).source.name, TableId(db, table))
+    key = range_name(0, None)
+    instance.add_dynamic_partitions(names.partitions_name, [key])
+    return materialize([defs.get_assets_def(names.full_state)], instance=instance,
+                       resources=defs.resources, partition_key=key, raise_on_error=False)
+
+
+def test_backfill_while_the_tables_capture_is_paused(
+        setup: tuple[Path, str, dict[str, Any]], tmp_path: Path) -> None:
+    path, db, _ = setup
+    table = TableId(db, "accounts")
+    with open_runtime(load_config(path)) as rt:
+        found = rt.state.create_capture("paused-one", (table,), {"keys": None, "where": None},
+                                        {"r0": RangeProgress(table, None, None)})
+        rt.state.set_capture_status("paused-one", "paused", found.version)
+    with instance_for_test() as instance:
+        result = run_partition(path, db, "accounts", instance)
+    assert not result.success
+    text = failure_text(result)
+    assert "paused" in text and f"dblog resume {table}" in text, text
+    assert not (tmp_path / "lake").exists() or not any((tmp_path / "lake").rglob("*.parquet"))
+
+
+def test_a_table_that_does_not_exist(setup: tuple[Path, str, dict[str, Any]]) -> None:
+    path, db, data = setup
+    path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.accounts", f"{db}.nope"]}))
+    with instance_for_test() as instance:
+        result = run_partition(path, db, "nope", instance)
+    assert not result.success
+    assert "nope" in failure_text(result)
+
+
+def test_zookeeper_down(setup: tuple[Path, str, dict[str, Any]]) -> None:
+    path, db, data = setup
+    path.write_text(yaml.safe_dump({**data, "zookeeper": {"hosts": "127.0.0.1:1",
+                                                          "root": "x"}}))
+    with instance_for_test() as instance:
+        result = run_partition(path, db, "accounts", instance)
+    assert not result.success
+    assert "ZooKeeper at 127.0.0.1:1 unreachable" in failure_text(result)
+
+
+def test_a_second_tailer_launched_by_hand(setup: tuple[Path, str, dict[str, Any]],
+                                          spark: Any) -> None:
+    path, _, _ = setup
+    defs = build_definitions(path)
+    config = load_config(path)
+    job = defs.get_job_def(tailer_job_name(config.source.name))
+    with open_runtime(config, spark=spark) as rt, rt.state.tailer_lock("a-tailer-elsewhere"):
+        with instance_for_test() as instance:
+            result = job.execute_in_process(instance=instance, resources=defs.resources,
+                                            raise_on_error=False)
+    assert not result.success
+    text = failure_text(result)
+    assert "another tailer runs" in text and "a-tailer-elsewhere" in text, text
