@@ -102,3 +102,35 @@ def test_a_second_tailer_launched_by_hand(setup: tuple[Path, str, dict[str, Any]
     assert not result.success
     text = failure_text(result)
     assert "another tailer runs" in text and "a-tailer-elsewhere" in text, text
+
+
+def test_the_keep_alive_sensor_replaces_a_dead_tailer_run(
+        setup: tuple[Path, str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run Dagster believes started but that holds no lock (its process was killed) is
+    failed and a new tailer run requested; a live one (holding the lock) is left alone."""
+    from dagster import DagsterRunStatus, SensorResult, build_sensor_context
+
+    import assets.tailer as tailer_module
+
+    path, _, _ = setup
+    defs = build_definitions(path)
+    config = load_config(path)
+    job = defs.get_job_def(tailer_job_name(config.source.name))
+    (sensor,) = [s for s in defs.sensors or [] if s.name.endswith("_keep_alive")]
+    with instance_for_test() as instance:
+        run = instance.create_run_for_job(job, status=DagsterRunStatus.STARTED,
+                                          tags=dict(job.tags))
+        with build_sensor_context(instance=instance, resources=defs.resources) as context:
+            alive = sensor(context)
+        assert isinstance(alive, SensorResult) and not alive.run_requests  # just started
+        with open_runtime(config) as rt, rt.state.tailer_lock(
+                tailer_module.run_lock_identifier(run.run_id)):
+            monkeypatch.setattr(tailer_module, "DEAD_AFTER_S", 0.0)
+            with build_sensor_context(instance=instance, resources=defs.resources) as context:
+                held = sensor(context)
+            assert not held.run_requests  # it holds the lock: alive
+        with build_sensor_context(instance=instance, resources=defs.resources) as context:
+            dead = sensor(context)
+        assert len(dead.run_requests) == 1
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed is not None and failed.status == DagsterRunStatus.FAILURE
