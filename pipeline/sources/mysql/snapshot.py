@@ -122,9 +122,8 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
     return ", ".join(terms)
 
 
-def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
-    """SELECT of the greatest key above ``after_key`` (None: of the whole table), in the
-    database's key order; key columns only, projected like a chunk's."""
+def _key_select(schema: TableSchema, after_key: Key | None, doing: str) -> str:
+    """``SELECT <key columns projected like a chunk's> FROM t [WHERE key > after_key]``."""
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     projections = []
@@ -140,40 +139,26 @@ def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
                 schema.key, after_key, None, quote_ident=quote_ident, placeholder=_MARK
             )
         except ValueError as exc:
-            raise ConfigError(f"max key of {schema.table}: {exc}") from None
+            raise ConfigError(f"{doing} of {schema.table}: {exc}") from None
         where = f" WHERE {_render(bound_sql, params)}"
-    return (
-        f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
-        f"{where} ORDER BY {_order_by(schema, descending=True)} LIMIT 1"
-    )
+    return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
+            f"{where}")
+
+
+def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
+    """SELECT of the greatest key above ``after_key`` (None: of the whole table), in the
+    database's key order; key columns only, projected like a chunk's."""
+    return (f"{_key_select(schema, after_key, 'max key')} "
+            f"ORDER BY {_order_by(schema, descending=True)} LIMIT 1")
 
 
 def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int) -> str:
     """SELECT of the key at 0-based ``offset`` above ``after_key`` (None: from the table's
     start), in the database's key order; key columns projected like a chunk's."""
-    if not schema.key:
-        raise ConfigError(f"table {schema.table} has no primary key")
     if offset < 0:
         raise ValueError("offset must not be negative")
-    projections = []
-    for name in schema.key:
-        col = schema.column(name)
-        quoted = quote_ident(name)
-        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
-        projections.append(f"{expr} AS {quoted}")
-    where = ""
-    if after_key is not None:
-        try:
-            bound_sql, params = next_chunk_predicate(
-                schema.key, after_key, None, quote_ident=quote_ident, placeholder=_MARK
-            )
-        except ValueError as exc:
-            raise ConfigError(f"key range of {schema.table}: {exc}") from None
-        where = f" WHERE {_render(bound_sql, params)}"
-    return (
-        f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
-        f"{where} ORDER BY {_order_by(schema)} LIMIT 1 OFFSET {int(offset)}"
-    )
+    return (f"{_key_select(schema, after_key, 'key range')} "
+            f"ORDER BY {_order_by(schema)} LIMIT 1 OFFSET {int(offset)}")
 
 
 def key_from_text(schema: TableSchema, values: Sequence[Any]) -> Key:
