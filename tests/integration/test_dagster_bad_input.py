@@ -134,3 +134,20 @@ def test_the_keep_alive_sensor_replaces_a_dead_tailer_run(
         assert len(dead.run_requests) == 1
         failed = instance.get_run_by_id(run.run_id)
         assert failed is not None and failed.status == DagsterRunStatus.FAILURE
+
+
+def test_a_table_without_a_primary_key(setup: tuple[Path, str, dict[str, Any]],
+                                       services: Endpoints) -> None:
+    from pipeline.sample import connect
+
+    path, db, data = setup
+    conn = connect(services, db)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE keyless (a INT, b TEXT)")
+    conn.close()
+    path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.keyless"]}))
+    with instance_for_test() as instance:
+        result = run_partition(path, db, "keyless", instance)
+    assert not result.success
+    text = failure_text(result)
+    assert "keyless" in text and "primary key" in text, text
