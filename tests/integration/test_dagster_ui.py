@@ -194,6 +194,23 @@ def test_backfill_from_the_ui_and_what_a_person_sees(
         report = verify_table(rt.dialect, rt.sink, TableId(db, "accounts"))
         assert report.ok, report.summary()
 
+        # Terminate the tailer run as the UI's Terminate button does: the run ends and lets
+        # the lock go (its op stops the tailer at a batch boundary).
+        run_id = holder.removeprefix("dagster-run-")
+        terminated = server.graphql("""mutation ($id: String!) { terminateRun(runId: $id) {
+            __typename } }""", {"id": run_id})["terminateRun"]
+        assert terminated["__typename"] == "TerminateRunSuccess", terminated
+        deadline = time.monotonic() + 180
+        while True:
+            run_status = server.graphql("""query ($id: ID!) { runOrError(runId: $id) {
+                ... on Run { status } } }""", {"id": run_id})["runOrError"]["status"]
+            if run_status in ("CANCELED", "FAILURE", "SUCCESS"):
+                break
+            assert time.monotonic() < deadline, f"the tailer run is still {run_status}"
+            time.sleep(2)
+        assert run_status == "CANCELED", run_status
+        assert rt.state.lock_holder() != holder
+
     # What a person sees: the partitions page and the global lineage graph.
     shot = ARTIFACTS / "full_state-partitions.png"
     dom = chromium(f"{server.url}/assets/{asset_path(accounts.full_state)}?view=partitions",
