@@ -48,3 +48,4 @@ bench: services-up  ## capture and tail benchmarks against plain baselines (benc
 	@$(PY) -m bench.bench_tail
 	@$(PY) -m bench.bench_latency
 	@$(PY) -m bench.bench_impact
+	@$(PY) -m bench.bench_repair

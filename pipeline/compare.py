@@ -12,6 +12,8 @@ text keys only under binary collations): otherwise a table is compared as one ra
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -163,15 +165,37 @@ def comparable_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange
 
 
 def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], *,
-                   timeout_s: float = 600.0, check: Callable[[], None] | None = None
-                   ) -> list[RangeComparison]:
-    """Compare each range once (source snapshot first, then the mirror once the tailer
-    has passed that snapshot)."""
+                   timeout_s: float = 600.0, check: Callable[[], None] | None = None,
+                   wait_for_tailer: bool = True) -> list[RangeComparison]:
+    """Compare each range once. The database sums its ranges in a snapshot on a thread of
+    its own while Spark, once the tailer has passed that snapshot's position, sums the
+    mirror's: the two sides overlap. ``wait_for_tailer=False``: nothing writes the mirror
+    (a stopped pipeline, a benchmark), so it is read at once."""
     schema = rt.dialect.table_schema(table)
     names = list(ranges)
     wanted = [ranges[n] for n in names]
-    position, source = rt.dialect.range_checksums(table, wanted)
-    wait_for_position(rt, position, timeout_s, check)
-    mirror = mirror_checksums(rt, schema, wanted)
+    snapshot: queue.Queue[dict[str, Any]] = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def source_side() -> None:
+        try:
+            outcome["source"] = rt.dialect.range_checksums(table, wanted, snapshot.put)[1]
+        except BaseException as exc:  # re-raised below
+            outcome["error"] = exc
+            snapshot.put({})
+
+    thread = threading.Thread(target=source_side, name="dblog-checksums", daemon=True)
+    thread.start()
+    try:
+        position = snapshot.get(timeout=timeout_s)
+        if "error" not in outcome and wait_for_tailer:
+            wait_for_position(rt, position, timeout_s, check)
+        if "error" not in outcome:
+            mirror = mirror_checksums(rt, schema, wanted)
+    finally:
+        thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    source = outcome["source"]
     return [RangeComparison(n, r, s[0], s[1], m[0], m[1])
             for n, r, s, m in zip(names, wanted, source, mirror, strict=True)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,10 +162,13 @@ class SourceDialect(Protocol):
         ``None`` (plans key ranges without Spark)."""
         ...
 
-    def range_checksums(self, table: TableId, ranges: Sequence[KeyRange]
-                        ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    def range_checksums(
+        self, table: TableId, ranges: Sequence[KeyRange],
+        on_snapshot: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
         """Per key range, ``(row count, checksum)`` computed on the database from one
-        snapshot, and the native log position of that snapshot."""
+        snapshot, and the native log position of that snapshot (also handed to
+        ``on_snapshot`` as soon as it is known)."""
         ...
 
     def spark_orders_keys_like_source(self, table: TableId) -> bool:

@@ -50,3 +50,15 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
         for side in ("baseline", "dblog"):
             assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
         assert row["ratio"] > 0
+
+
+def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
+    from bench import bench_repair
+
+    out = tmp_path / "repair.json"
+    assert bench_repair.main(["--smoke", "--output", str(out)]) == 0
+    doc = _load(out, "repair")
+    assert set(doc["results"]) == {"dump", "transfer compare", "checksum compare: database",
+                                   "checksum compare: mirror", "checksum compare"}
+    assert all(r["seconds"] > 0 and r["rows_per_s"] > 0 for r in doc["results"].values())
+    assert doc["results"]["checksum compare"]["ranges"] == 5

@@ -59,6 +59,11 @@ def _grantee(current_user: str) -> str:
     return f"'{user}'@'{host}'"
 
 
+def _snapshot_position(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {"file": str(status["Binlog_snapshot_file"]),
+            "pos": int(status["Binlog_snapshot_position"])}
+
+
 class MySqlDialect:
     """MariaDB (10.5+) / MySQL (8.0.14+) source: validation, watermarks, binlog, chunks.
 
@@ -217,10 +222,14 @@ class MySqlDialect:
         row = self._run(read, f"planning key ranges of {table}")
         return None if row is None else key_from_text(schema, row)
 
-    def range_checksums(self, table: TableId, ranges: Sequence[KeyRange]
-                        ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    def range_checksums(
+        self, table: TableId, ranges: Sequence[KeyRange],
+        on_snapshot: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
         """Row count and checksum of each key range, all from one consistent snapshot, and
-        the binlog position that snapshot corresponds to (rows never leave the database)."""
+        the binlog position that snapshot corresponds to (rows never leave the database).
+        ``on_snapshot`` gets that position before the ranges are summed (MariaDB; MySQL
+        reports no snapshot position: then the head after the sums, given at the end)."""
         from pipeline.sources.mysql.checksum import all_checksum_sql
 
         schema = self.table_schema(table)
@@ -232,6 +241,8 @@ class MySqlDialect:
                 try:
                     cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
                     status = {str(k): v for k, v in cur.fetchall()}
+                    if status.get("Binlog_snapshot_file") and on_snapshot is not None:
+                        on_snapshot(_snapshot_position(status))
                     out = []
                     for sql in statements:
                         cur.execute(sql)
@@ -240,12 +251,23 @@ class MySqlDialect:
                 finally:
                     cur.execute("COMMIT")
             if status.get("Binlog_snapshot_file"):  # MariaDB: the snapshot's own position
-                return ({"file": str(status["Binlog_snapshot_file"]),
-                         "pos": int(status["Binlog_snapshot_position"])}, out)
+                return _snapshot_position(status), out
             return {}, out
 
-        position, sums = self._run(run, f"checksumming {table}")
-        return (position or self.head_position()), sums
+        # A connection of its own: the sums may take minutes, and the control connection
+        # serves watermark writes and metadata meanwhile.
+        conn = connect(self.settings)
+        try:
+            position, sums = run(conn)
+        except (pymysql.MySQLError, OSError) as exc:
+            raise translate(exc, self.settings, f"checksumming {table}") from None
+        finally:
+            conn.close()
+        if not position:
+            position = self.head_position()
+            if on_snapshot is not None:
+                on_snapshot(position)
+        return position, sums
 
     def spark_orders_keys_like_source(self, table: TableId) -> bool:
         """Whether Spark's natural order of the key's canonical lake values is the
