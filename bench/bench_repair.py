@@ -79,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     name = f"repair-{rid}"
     config = pipeline_config(ep, name=name, tables=[str(table)], lake=lake_dir(name),
                              server_id=7960)
-    config = config.__class__(**{**config.__dict__, "zookeeper_root": f"dblog-bench-{name}"})
     results: dict[str, Any] = {}
     try:
         with open_runtime(config, spark=spark) as rt:
