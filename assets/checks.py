@@ -12,7 +12,7 @@ from dagster import (
 
 from assets.naming import TableAssets
 from pipeline.chunking import KeyRange
-from pipeline.compare import WHOLE_TABLE, comparable_ranges, compare_ranges
+from pipeline.compare import WHOLE_TABLE, comparable_ranges, compare_twice
 from pipeline.lake.audit import audit_position_order
 from pipeline.ranges import key_ranges
 from pipeline.status import collect_status
@@ -45,10 +45,7 @@ def table_checks(names: TableAssets) -> list[AssetChecksDefinition]:
             ranges = comparable_ranges(
                 rt, table, key_ranges(planned, planned) if planned
                 else {WHOLE_TABLE: KeyRange(None, None)})
-            first = compare_ranges(rt, table, ranges)
-            suspects = {c.name: c.key_range for c in first if not c.equal}
-            differing = [c for c in compare_ranges(rt, table, suspects) if not c.equal] \
-                if suspects else []
+            first, differing = compare_twice(rt, table, ranges)
         return AssetCheckResult(
             passed=not differing, severity=AssetCheckSeverity.ERROR,
             description=None if not differing else

@@ -1,6 +1,7 @@
 """The range planner: adds ``full_state`` partitions (key ranges) as tables grow."""
 
 from collections.abc import Sequence
+from functools import partial
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -14,7 +15,6 @@ from dagster import (
 
 from assets.naming import TableAssets, safe_name
 from pipeline.errors import DblogError
-from pipeline.events import Key, TableId
 from pipeline.ranges import plan_more
 from pipeline.runtime import Runtime
 from resources import DblogResource
@@ -30,11 +30,9 @@ def plan_requests(rt: Runtime, source_name: str, existing: dict[str, Sequence[st
     range_rows = rt.config.capture.range_rows
     for table in rt.config.table_ids:
         names = TableAssets(source_name, table)
-        def key_after(after: Key | None, offset: int, t: TableId = table) -> Key | None:
-            return rt.dialect.key_after(t, after, offset)
-
         try:
-            new = plan_more(existing.get(names.partitions_name, ()), key_after, range_rows,
+            new = plan_more(existing.get(names.partitions_name, ()),
+                            partial(rt.dialect.key_after, table), range_rows,
                             most=PLAN_MOST_PER_TICK)
         except DblogError as exc:
             errors.append(f"{table}: {exc}")

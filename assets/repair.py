@@ -3,6 +3,7 @@ and capture only the ranges that differ (``pipeline.repair``)."""
 
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from dagster import (
@@ -53,8 +54,8 @@ def repair_job(source_name: str, table: TableConfig) -> JobDefinition:
         try:
             with dblog.runtime() as rt:
                 planned = context.instance.get_dynamic_partitions(names.partitions_name)
-                new = plan_more(planned, lambda after, offset: rt.dialect.key_after(
-                    table.table, after, offset), rt.config.capture.range_rows)
+                new = plan_more(planned, partial(rt.dialect.key_after, table.table),
+                                rt.config.capture.range_rows)
                 if new:
                     context.instance.add_dynamic_partitions(names.partitions_name, new)
                     planned = [*planned, *new]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline.chunking import KeyRange
-from pipeline.errors import DblogError
 from pipeline.events import Key, TableId
 from pipeline.lake.types import quote_ident
 from pipeline.runtime import Runtime
@@ -137,24 +135,6 @@ def mirror_checksums(rt: Runtime, schema: TableSchema, ranges: Sequence[KeyRange
     return [found.get(i, (0, 0)) for i in range(len(ranges))]
 
 
-def wait_for_position(rt: Runtime, native: Mapping[str, Any], timeout_s: float,
-                      check: Callable[[], None] | None = None) -> None:
-    """Wait until the tailer committed at or past ``native`` (a source log position)."""
-    target = rt.dialect.to_position(native)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = rt.state.get_position()
-        if found is not None and rt.dialect.to_position(
-                found.value.source_position) >= target:
-            return
-        if check is not None:
-            check()
-        if time.monotonic() >= deadline:
-            raise DblogError(f"the tailer did not reach the comparison's log position within "
-                             f"{timeout_s:.0f}s: is it running?")
-        time.sleep(0.2)
-
-
 def comparable_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange]
                       ) -> dict[str, KeyRange]:
     """``ranges``, or the whole table as one range when Spark cannot order its key like
@@ -189,7 +169,9 @@ def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], 
     try:
         position = snapshot.get(timeout=timeout_s)
         if "error" not in outcome and wait_for_tailer:
-            wait_for_position(rt, position, timeout_s, check)
+            rt.wait_for_position(position, check or (lambda: None), timeout_s,
+                                 "the tailer did not reach the comparison's log position "
+                                 "(is it running?)")
         if "error" not in outcome:
             mirror = mirror_checksums(rt, schema, wanted)
     finally:
@@ -199,3 +181,15 @@ def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], 
     source = outcome["source"]
     return [RangeComparison(n, r, s[0], s[1], m[0], m[1])
             for n, r, s, m in zip(names, wanted, source, mirror, strict=True)]
+
+
+def compare_twice(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], *,
+                  check: Callable[[], None] | None = None
+                  ) -> tuple[list[RangeComparison], list[RangeComparison]]:
+    """Compare every range, then the differing ones again (a change committed between the
+    two sides' reads makes a range differ once); returns both rounds' comparisons."""
+    first = compare_ranges(rt, table, ranges, check=check)
+    suspects = {c.name: c.key_range for c in first if not c.equal}
+    if not suspects:
+        return first, []
+    return first, [c for c in compare_ranges(rt, table, suspects, check=check) if not c.equal]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from pipeline.capture import CaptureRequest, RangeReport
+from pipeline.capture import CaptureRequest, RangeReport, range_id_for
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError
 from pipeline.events import TableId
@@ -79,8 +79,9 @@ def capture_ranges(
         if not finished:
             _cancel(rt, capture_id)
     by_range = {r.range_id: r for r in reports}
-    ids = sorted(rt.state.list_ranges(capture_id))
-    return {name: by_range[rid] for name, rid in zip(names, ids, strict=True) if rid in by_range}
+    # plan() numbered the ranges in the order given.
+    return {name: by_range[range_id_for(table, i)] for i, name in enumerate(names)
+            if range_id_for(table, i) in by_range}
 
 
 def _cancel(rt: Runtime, capture_id: str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pipeline.capture import RangeReport
 from pipeline.chunking import KeyRange
-from pipeline.compare import RangeComparison, comparable_ranges, compare_ranges
+from pipeline.compare import RangeComparison, comparable_ranges, compare_twice
 from pipeline.events import TableId
 from pipeline.range_capture import capture_ranges
 from pipeline.runtime import Runtime
@@ -55,12 +55,8 @@ def repair_table(
     else:
         compared = comparable_ranges(rt, table, ranges)
         report.ranges_checked = len(compared)
-        first = compare_ranges(rt, table, compared, check=health_check)
-        suspects = {c.name: c.key_range for c in first if not c.equal}
-        report.suspects = sorted(suspects)
-        if suspects:
-            report.differing = [c for c in compare_ranges(rt, table, suspects,
-                                                          check=health_check) if not c.equal]
+        first, report.differing = compare_twice(rt, table, compared, check=health_check)
+        report.suspects = sorted(c.name for c in first if not c.equal)
         to_capture = {c.name: c.key_range for c in report.differing}
     if to_capture:
         report.captures = capture_ranges(rt, table, to_capture, capture_id=capture_id,

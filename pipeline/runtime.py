@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.capture import CaptureOptions, Capturer
 from pipeline.config import PipelineConfig
@@ -109,14 +109,20 @@ class Runtime:
 
     def wait_caught_up(self, check: Callable[[], None], timeout: float = 240) -> None:
         """Wait until the committed position reaches the source's head as of now."""
-        head = self.dialect.to_position(self.dialect.head_position())
+        self.wait_for_position(self.dialect.head_position(), check, timeout,
+                               "the tailer did not catch up with the log")
 
-        def caught_up() -> bool:
+    def wait_for_position(self, native: Mapping[str, Any], check: Callable[[], None],
+                          timeout: float, failure: str) -> None:
+        """Wait until the tailer committed at or past ``native`` (a source log position)."""
+        target = self.dialect.to_position(native)
+
+        def reached() -> bool:
             pos = self.state.get_position()
             return pos is not None and self.dialect.to_position(
-                pos.value.source_position) >= head
+                pos.value.source_position) >= target
 
-        self._wait_until(caught_up, check, timeout, "the tailer did not catch up with the log")
+        self._wait_until(reached, check, timeout, failure)
 
     @staticmethod
     def _wait_until(done: Callable[[], bool], check: Callable[[], None], timeout: float,

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.chunking import KeyRange, next_chunk_predicate
+from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError
 from pipeline.sources.base import TableSchema
-from pipeline.sources.mysql.snapshot import _MARK, _render, source_type_of
-from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from pipeline.sources.mysql.snapshot import column_projection, key_bounds_sql
+from pipeline.sources.mysql.sqltext import quote_table
 
 UNCOMPARED_TYPES = frozenset({"FLOAT", "DOUBLE"})
 """Canonical types left out of the checksum (compared through the row count only)."""
@@ -46,23 +46,11 @@ def row_text_sql(schema: TableSchema) -> str:
     pieces = []
     for name in checksum_columns(schema):
         col = schema.column(name)
-        projected = source_type_of(col.source_type, col.spark_type).projection(quote_ident(name))
+        projected = column_projection(col)
         text = _text(projected, col.spark_type)
         pieces.append(f"IF(({projected}) IS NULL, 'N', "
                       f"CONCAT('V', CHAR_LENGTH({text}), ':', {text}))")
     return f"CONCAT_WS('|', {', '.join(pieces)})" if pieces else "''"
-
-
-def range_predicate(schema: TableSchema, key_range: KeyRange) -> str:
-    """``(lower, upper]`` over the key columns as SQL (``1 = 1`` for the whole table)."""
-    if key_range.lower is None and key_range.upper is None:
-        return "1 = 1"
-    try:
-        sql, params = next_chunk_predicate(schema.key, key_range.lower, key_range.upper,
-                                           quote_ident=quote_ident, placeholder=_MARK)
-    except ValueError as exc:
-        raise ConfigError(f"key range of {schema.table}: {exc}") from None
-    return _render(sql, params)
 
 
 def range_checksum_sql(schema: TableSchema, key_range: KeyRange) -> str:
@@ -70,7 +58,8 @@ def range_checksum_sql(schema: TableSchema, key_range: KeyRange) -> str:
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     return (f"SELECT COUNT(*), COALESCE(SUM({row_hash_sql(schema)}), 0) "  # noqa: S608 - quoted identifiers and validated literals only
-            f"FROM {quote_table(schema.table)} WHERE {range_predicate(schema, key_range)}")
+            f"FROM {quote_table(schema.table)} WHERE "
+            f"{key_bounds_sql(schema, key_range.lower, key_range.upper, 'key range') or '1 = 1'}")
 
 
 def all_checksum_sql(schema: TableSchema, ranges: Sequence[KeyRange]) -> list[str]:

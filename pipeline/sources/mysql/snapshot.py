@@ -66,6 +66,25 @@ def source_type_of(column_source_type: str, spark_type: str) -> SourceType:
     return st
 
 
+def column_projection(col: Column) -> str:
+    """The SELECT expression giving ``col``'s canonical value (see ``SourceType.projection``)."""
+    return source_type_of(col.source_type, col.spark_type).projection(quote_ident(col.name))
+
+
+def key_bounds_sql(schema: TableSchema, lower: Key | None, upper: Key | None,
+                   doing: str) -> str | None:
+    """``(lower, upper]`` over the key columns as SQL with safe literals; ``None`` when
+    unbounded on both sides. ``doing`` names the read in the error for a bad key."""
+    if lower is None and upper is None:
+        return None
+    try:
+        sql, params = next_chunk_predicate(schema.key, lower, upper, quote_ident=quote_ident,
+                                           placeholder=_MARK)
+    except ValueError as exc:
+        raise ConfigError(f"{doing} of {schema.table}: {exc}") from None
+    return _render(sql, params)
+
+
 def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     """SELECT for one chunk: all columns in table order, ``(after_key, upper_key]``, ``keys``,
     ``where``, ordered by the primary key, ``LIMIT``; values rendered as safe literals."""
@@ -73,21 +92,12 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
         raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
-    projections = []
-    for col in schema.columns:
-        quoted = quote_ident(col.name)
-        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
-        projections.append(f"{expr} AS {quoted}")
+    projections = [f"{column_projection(col)} AS {quote_ident(col.name)}"
+                   for col in schema.columns]
     conditions: list[str] = []
-    try:
-        bound_sql, params = next_chunk_predicate(
-            schema.key, spec.after_key, spec.upper_key, quote_ident=quote_ident,
-            placeholder=_MARK,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"chunk of {schema.table}: {exc}") from None
-    if params or spec.after_key is not None or spec.upper_key is not None:
-        conditions.append(_render(bound_sql, params))
+    bounds = key_bounds_sql(schema, spec.after_key, spec.upper_key, "chunk")
+    if bounds is not None:
+        conditions.append(bounds)
     if spec.keys is not None:
         conditions.append(_keys_predicate(schema.key, [tuple(k) for k in spec.keys]))
     if spec.where is not None and spec.where.strip():
@@ -126,21 +136,10 @@ def _key_select(schema: TableSchema, after_key: Key | None, doing: str) -> str:
     """``SELECT <key columns projected like a chunk's> FROM t [WHERE key > after_key]``."""
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
-    projections = []
-    for name in schema.key:
-        col = schema.column(name)
-        quoted = quote_ident(name)
-        expr = source_type_of(col.source_type, col.spark_type).projection(quoted)
-        projections.append(f"{expr} AS {quoted}")
-    where = ""
-    if after_key is not None:
-        try:
-            bound_sql, params = next_chunk_predicate(
-                schema.key, after_key, None, quote_ident=quote_ident, placeholder=_MARK
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{doing} of {schema.table}: {exc}") from None
-        where = f" WHERE {_render(bound_sql, params)}"
+    projections = [f"{column_projection(schema.column(name))} AS {quote_ident(name)}"
+                   for name in schema.key]
+    bounds = key_bounds_sql(schema, after_key, None, doing)
+    where = "" if bounds is None else f" WHERE {bounds}"
     return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
             f"{where}")
 
