@@ -61,10 +61,19 @@ def _cancel_requested(context: OpExecutionContext) -> bool:
 
 def batch_materializations(source_name: str, report: BatchReport,
                            now_s: float | None = None) -> list[AssetMaterialization]:
-    """The changelog and mirror materializations of one committed batch."""
+    """The changelog materializations of one committed batch, or the mirror
+    materializations of one mirror merge (the mirror follows the changelog)."""
     now_s = time.time() if now_s is None else now_s
     lag = (now_s - report.commit_ts_ms / 1000) if report.commit_ts_ms else None
     out = []
+    if report.mirror_only:
+        for table, rows in sorted(report.mirrors.items(), key=lambda kv: str(kv[0])):
+            out.append(AssetMaterialization(
+                asset_key=TableAssets(source_name, table).mirror,
+                metadata={"merged_through_batch": report.batch, "lsn": report.position.lsn,
+                          "changelog_rows_merged": rows,
+                          "merge_seconds": MetadataValue.float(round(report.seconds, 3))}))
+        return out
     for table, events in sorted(report.table_events.items(), key=lambda kv: str(kv[0])):
         names = TableAssets(source_name, table)
         metadata: dict[str, Any] = {
@@ -79,7 +88,6 @@ def batch_materializations(source_name: str, report: BatchReport,
             else MetadataValue.null(),
         }
         out.append(AssetMaterialization(asset_key=names.changelog, metadata=metadata))
-        out.append(AssetMaterialization(asset_key=names.mirror, metadata=metadata))
     return out
 
 

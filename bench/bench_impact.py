@@ -58,6 +58,7 @@ from bench.common import (
     mariadb_version,
     pipeline_config,
     print_table,
+    record_batches,
     remove_lake,
     run_id,
     table_facts,
@@ -192,7 +193,7 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
         rt = stack.enter_context(open_runtime(config, spark=spark))
         stack.callback(lambda: rt.state.delete("", recursive=True))
         bg = BackgroundTailer(
-            rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))).start()
+            rt.tailer(on_batch=record_batches(batches))).start()
         stack.callback(bg.stop)
         stack.callback(stop.set)
 

@@ -52,6 +52,7 @@ from bench.common import (
     mariadb_version,
     pipeline_config,
     print_table,
+    record_batches,
     remove_lake,
     run_id,
     table_facts,
@@ -323,7 +324,7 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
             poller = LakePoller(rt.layout.changelog(table), rt.layout.mirror(table),
                                 args.prefill, args.poll)
             poller.start()
-            tailer = rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))
+            tailer = rt.tailer(on_batch=record_batches(batches))
             with BackgroundTailer(tailer) as bg:
                 with commit_writers(ep, db, tps=args.tps, writers=args.writers,
                                     existing=args.prefill, first_new=first_new + 20,

@@ -43,6 +43,7 @@ from bench.common import (
     mariadb_version,
     pipeline_config,
     print_table,
+    record_batches,
     remove_lake,
     row_exprs,
     run_id,
@@ -174,7 +175,7 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
     profile = Profile()
     for method in ("_events_df", "_append_changelog", "_merge_mirror"):
         profile.wrap(rt.sink, method, f"sink.{method}")
-    tailer = rt.tailer(on_batch=lambda b: batches.append((b.events, b.seconds)))
+    tailer = rt.tailer(on_batch=record_batches(batches))
     began = time.perf_counter()
     try:
         summary = tailer.run(until_caught_up=True)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,3 +368,14 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def record_batches(batches: list[tuple[int, float]]) -> Callable[[Any], None]:
+    """A tailer ``on_batch`` callback keeping (events, seconds) of every written batch
+    (mirror merges are reported too, and left out here)."""
+
+    def record(report: Any) -> None:
+        if not report.mirror_only:
+            batches.append((report.events, report.seconds))
+
+    return record

@@ -55,6 +55,10 @@ def _tail(args: argparse.Namespace) -> int:
     with open_runtime(config) as rt:
 
         def report(b: Any) -> None:
+            if b.mirror_only:
+                merged = ", ".join(f"{t} ({n} rows)" for t, n in b.mirrors.items())
+                print(f"mirrors merged through batch {b.batch}: {merged}", flush=True)
+                return
             print(f"batch {b.batch}: {b.events} events, {len(b.emitted_windows)} chunks "
                   f"({b.rows_emitted} rows) emitted, lsn {b.position.lsn}", flush=True)
 

@@ -67,6 +67,8 @@ class TailConfig:
     poll_seconds: float = 0.5
     window_expiry_s: float = 1800.0
     maintain_every_s: float = 3600.0
+    mirror_every_s: float = 10.0
+    """The mirror merges the changelog's new batches at least this often (see the README)."""
     lag_warn_s: float = 60.0
     """The tail-lag asset check warns above this many seconds behind the source..."""
     lag_error_s: float = 600.0
@@ -222,6 +224,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                   "tail.window_expiry_s", float),
         maintain_every_s=_not_negative(tail_data.get("maintain_every_s", 3600.0),
                                        "tail.maintain_every_s"),
+        mirror_every_s=_not_negative(tail_data.get("mirror_every_s", 10.0),
+                                     "tail.mirror_every_s"),
         lag_warn_s=_positive(tail_data.get("lag_warn_s", 60.0), "tail.lag_warn_s", float),
         lag_error_s=_positive(tail_data.get("lag_error_s", 600.0), "tail.lag_error_s", float),
     )

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         tailed = {"events": 0, "batches": 0}
 
         def on_batch(report: object) -> None:
+            if getattr(report, "mirror_only", False):
+                return
             tailed["events"] += getattr(report, "events", 0)
             tailed["batches"] += 1
 

@@ -16,7 +16,7 @@ from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.state import StateStore
-from pipeline.tailer import Tailer, TailOptions
+from pipeline.tailer import MIRROR_DOC, Tailer, TailOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -86,6 +86,7 @@ class Runtime:
             poll_seconds=tail.poll_seconds,
             window_expiry_s=tail.window_expiry_s,
             maintain_every_s=tail.maintain_every_s,
+            mirror_every_s=tail.mirror_every_s,
         )
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
                       tables=self.config.table_ids if tables is None else tuple(tables),
@@ -114,13 +115,15 @@ class Runtime:
 
     def wait_for_position(self, native: Mapping[str, Any], check: Callable[[], None],
                           timeout: float, failure: str) -> None:
-        """Wait until the tailer committed at or past ``native`` (a source log position)."""
+        """Wait until the tailer committed at or past ``native`` (a source log position)
+        and merged the mirrors that far."""
         target = self.dialect.to_position(native)
 
         def reached() -> bool:
-            pos = self.state.get_position()
-            return pos is not None and self.dialect.to_position(
-                pos.value.source_position) >= target
+            pos, mirror = self.state.get_position(), self.state.get(MIRROR_DOC)
+            return (pos is not None and mirror is not None
+                    and self.dialect.to_position(pos.value.source_position) >= target
+                    and self.dialect.to_position(mirror.value["source_position"]) >= target)
 
         self._wait_until(reached, check, timeout, failure)
 

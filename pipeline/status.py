@@ -12,6 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from pipeline.events import TableId
+from pipeline.tailer import MIRROR_DOC
 
 if TYPE_CHECKING:
     from pipeline.runtime import Runtime
@@ -51,6 +52,8 @@ class SourceStatus:
     lag_seconds: float | None = None
     """0 when caught up; else seconds since the source committed the last transaction the
     lake has (an upper bound of the lag); None when that commit time is not recorded."""
+    mirror_batch: int | None = None
+    """The committed batch every mirror has merged through (None: none recorded yet)."""
 
 
 def _binlog_index(name: str) -> int | None:
@@ -160,6 +163,7 @@ def collect_status(rt: Runtime) -> SourceStatus:
         # The source commit time of the last committed transaction, where the tailer
         # records it with the position.
         lag_s = lag_seconds(lag, getattr(pos.value, "commit_ts_ms", None), now)
+    mirror = rt.state.get(MIRROR_DOC)
     return SourceStatus(
         source=rt.config.source.name,
         position=dict(pos.value.source_position) if pos else None,
@@ -171,6 +175,7 @@ def collect_status(rt: Runtime) -> SourceStatus:
         tailer=rt.state.lock_holder(),
         tables=list(tables.values()),
         lag_seconds=lag_s,
+        mirror_batch=int(mirror.value["batch"]) if mirror is not None else None,
     )
 
 
@@ -185,7 +190,8 @@ def render_status(rt: Runtime, console: Console | None = None) -> SourceStatus:
         f"log position {status.position} (batch {status.batch}), head {status.head}, "
         f"lag {status.lag_bytes if status.lag_bytes is not None else '?'} bytes"
         f" / {f'{status.lag_seconds:.0f}' if status.lag_seconds is not None else '?'}s, "
-        f"last commit {status.seconds_since_commit or 0:.0f}s ago"
+        f"last commit {status.seconds_since_commit or 0:.0f}s ago, mirrors merged through "
+        f"batch {status.mirror_batch if status.mirror_batch is not None else '-'}"
     )
     grid = Table("table", "ranges", "progress", "chunks", "rows emitted", "dropped", "deleted",
                  "captures")

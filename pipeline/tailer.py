@@ -63,6 +63,8 @@ QUIET_S = 5.0
 """``--until-caught-up`` also ends after the reader found nothing new this long."""
 
 
+MIRROR_DOC = "mirror"
+"""ZooKeeper document: the committed position every mirror has merged through."""
 NOTICES = "notices"
 """ZooKeeper folder of per-table notices (a DDL that may have rewritten rows)."""
 
@@ -90,6 +92,12 @@ class TailOptions:
     maintain_every_s: float = 3600.0
     """Between batches, compact the tables' changelog and mirror files this often (0: never;
     ``dblog maintain`` does it while no tailer runs)."""
+    mirror_every_s: float = 10.0
+    """The mirror follows the changelog: the batches written since its last MERGE are
+    merged in one MERGE once the oldest of them is this old, once they hold
+    ``mirror_max_events`` events, when the tailer is idle with no chunk window open, and
+    when a run ends (0: after every batch)."""
+    mirror_max_events: int = 500_000
 
 
 @dataclass
@@ -107,6 +115,11 @@ class BatchReport:
     table_events: dict[TableId, int] = field(default_factory=dict)
     """Log events written per table, for every table the batch touched (chunk emissions
     included: a table with only an emission shows 0)."""
+    mirrors: dict[TableId, int] = field(default_factory=dict)
+    """Tables whose mirror was merged after this batch, with the changelog rows merged."""
+    mirror_only: bool = False
+    """A report of mirror merges (``mirrors``), not of a written batch (``batch`` is the
+    last committed one)."""
 
 
 @dataclass
@@ -178,6 +191,12 @@ class Tailer:
         self._last_expiry = 0.0
         self._last_maintenance = time.monotonic()
         self._spark_key_order: dict[TableId, bool] = {}
+        self._unmerged: set[TableId] = set()
+        """Tables with changelog rows the mirror lacks (maybe: every table at a start)."""
+        self._unmerged_since: float | None = None
+        self._unmerged_events = 0
+        self._mirror_doc_lsn: int | None = None
+        """The position the ``mirror`` document in ZooKeeper last recorded."""
 
     # ---- public -----------------------------------------------------------------------
 
@@ -253,6 +272,11 @@ class Tailer:
         if reset_to_head:
             self._reset_to_head()
         committed = self._initial_position()
+        # A crash may have left any mirror behind its changelog: every table is looked at.
+        self._unmerged = set(self.tables)
+        self._unmerged_since, self._unmerged_events = time.monotonic(), 0
+        found_doc = self.state.get(MIRROR_DOC)
+        self._mirror_doc_lsn = int(found_doc.value["lsn"]) if found_doc is not None else None
         replay = self._pending_replay(committed)
         self._expire_windows()
         self._refresh_windows()
@@ -298,8 +322,12 @@ class Tailer:
             """Write and commit the pending batch; True when enough batches were written."""
             nonlocal committed, pending
             pending.end, pending.end_position = dict(cut.native), cut.end
+            tables, events = set(pending.tables), pending.events
             committed = self._flush(pending, committed.value.batch + 1, committed, summary)
             cutter.cut(cut, time.monotonic())
+            self._note_unmerged(tables, events)
+            if self._mirror_due():
+                self._merge_mirrors(committed.value)
             self._replay_outcomes = None
             pending = _Pending(start=dict(committed.value.source_position))
             if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
@@ -321,14 +349,14 @@ class Tailer:
                         continue
                     cut = cutter.before(resume)
                     if cut is not None and cut_at(cut):
-                        return summary
+                        return self._finish(summary, committed.value)
                     events_before = pending.events
                     self._consume(tx, pending, last_resume, warm=False)
                     last_resume = tx.resume
                     cut = cutter.consumed(resume, tx.resume, pending.events - events_before,
                                           time.monotonic())
                     if cut is not None and cut_at(cut):
-                        return summary
+                        return self._finish(summary, committed.value)
                 if txs:
                     continue
                 here = reader.resume
@@ -336,16 +364,74 @@ class Tailer:
                        else cutter.pending)
                 if cut is not None:
                     if cut_at(cut):
-                        return summary
+                        return self._finish(summary, committed.value)
                 elif until_caught_up and not cutter.replaying and caught_up(here):
-                    return summary
+                    return self._finish(summary, committed.value)
                 if not cutter.replaying:
                     docs = self._refresh_windows()
                     if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                         self._expire_windows(docs)
-            return summary
+                    if cut is None and (self._mirror_due() or not self._proc.open_windows):
+                        self._merge_mirrors(committed.value)
+            return self._finish(summary, committed.value)
         finally:
             reader.close()
+
+    # ---- the mirror follows the changelog ----------------------------------------------
+
+    def _finish(self, summary: TailSummary, committed: PositionState) -> TailSummary:
+        """A run that ends cleanly leaves every mirror merged."""
+        self._merge_mirrors(committed)
+        return summary
+
+    def _note_unmerged(self, tables: set[TableId], events: int) -> None:
+        if tables and not self._unmerged:
+            self._unmerged_since = time.monotonic()
+        self._unmerged |= tables
+        self._unmerged_events += events
+
+    def _mirror_due(self) -> bool:
+        """Whether the batches the mirrors lack are old or many enough to merge now."""
+        if not self._unmerged or self._unmerged_since is None:
+            return False
+        return (time.monotonic() - self._unmerged_since >= self.options.mirror_every_s
+                or self._unmerged_events >= self.options.mirror_max_events)
+
+    def _merge_mirrors(self, committed: PositionState) -> None:
+        """Merge every table's changelog rows up to the committed position into its mirror
+        (one MERGE per table with anything to merge), then record that position in the
+        ``mirror`` document (readers wait for it: :meth:`Runtime.wait_for_position`)."""
+        if not self._unmerged and self._mirror_doc_lsn == committed.position.lsn:
+            return
+        began = time.monotonic()
+        app_id = committed.txn_app_id(self.state.source)
+        merged: dict[TableId, int] = {}
+        for table in sorted(self._unmerged, key=str):
+            self.state.check_leader()
+            crash_point("tail.before_mirror")
+            rows = self.sink.merge_mirror(
+                table, committed.batch,
+                {"dblog.batch": committed.batch, "dblog.to_lsn": committed.position.lsn,
+                 "table": str(table), "dblog.app": app_id},
+                app_id=app_id, through_lsn=committed.position.lsn)
+            self._unmerged.discard(table)
+            if rows:
+                merged[table] = rows
+        self._unmerged_since, self._unmerged_events = None, 0
+        self.state.check_leader()
+        self.state.put(MIRROR_DOC, {
+            "lsn": committed.position.lsn, "source_position": dict(committed.source_position),
+            "batch": committed.batch, "generation": committed.generation,
+        }, None)
+        self._mirror_doc_lsn = committed.position.lsn
+        if merged:
+            log.info("mirrors merged through batch %d: %s in %.2fs", committed.batch,
+                     ", ".join(f"{t} ({n} rows)" for t, n in merged.items()),
+                     time.monotonic() - began)
+            if self.on_batch is not None:
+                self.on_batch(BatchReport(
+                    committed.batch, committed.position, 0, commit_ts_ms=committed.commit_ts_ms,
+                    seconds=time.monotonic() - began, mirrors=merged, mirror_only=True))
 
     def _maybe_maintain(self) -> None:
         """Compact small files every ``maintain_every_s``, between batches: the tailer is
@@ -635,7 +721,8 @@ class Tailer:
             if not self.sink.known_columns(table):
                 self.sink.ensure_schema(self.dialect.table_schema(table))
             self.state.check_leader()
-            _, results = self.sink.write_table_batch(tb, batch_no, metadata, app_id=app_id)
+            _, results = self.sink.write_table_batch(tb, batch_no, metadata, app_id=app_id,
+                                                     merge_mirror=False)
             crash_point("tail.after_table_write")
             for r in results:
                 emitted_rows[r.window_id] = r.rows_emitted

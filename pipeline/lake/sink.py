@@ -75,6 +75,20 @@ def needs_column_mapping(column_names: Sequence[str]) -> bool:
     return any(_PARQUET_UNSAFE & set(name) for name in column_names)
 
 
+CHANGELOG_STATS = {
+    "delta.dataSkippingStatsColumns": "op,_dblog_lsn,_dblog_seq,_dblog_window_id,_dblog_batch",
+}
+"""Statistics of a new changelog: its position and batch columns, whatever the table's width
+(Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
+``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
+has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
+MIRROR_LSN = "dblog.mirror_lsn"
+"""Commit metadata of a mirror MERGE: every changelog row with ``_dblog_lsn`` at or below
+this is in the mirror (a MERGE of the code before deferred merges recorded
+``dblog.to_lsn``, the batch it merged, which means the same)."""
+_LSN_FLOOR = -(2**63)
+
+
 def table_properties(column_names: Sequence[str]) -> dict[str, str]:
     """Delta properties for a new table; column mapping where a name is not Parquet-safe."""
     props = dict(TABLE_PROPERTIES)
@@ -176,15 +190,6 @@ class MaintenanceReport:
         return f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
 
 
-def _int_key_span(tb: TableBatch) -> tuple[int, int] | None:
-    """The least and greatest first key value of a batch's log events, when they are all
-    integers (the only type whose Python order is surely Spark's); else None."""
-    values = [ev.key[0] for ev in tb.events]
-    if not values or not all(type(v) is int for v in values):
-        return None
-    return min(values), max(values)
-
-
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
     return json.dumps(metadata, sort_keys=True, default=str)
 
@@ -267,6 +272,13 @@ def _maybe_in(key_range: KeyRange, key: Key) -> bool:
         return True
 
 
+def _key_value(k: str) -> SparkColumn:
+    """A changelog row's value of key column ``k`` (from ``before`` for a delete)."""
+    return F.when(F.col("op") == "d", F.col("before").getField(k)).otherwise(
+        F.col("after").getField(k)
+    ).alias(k)
+
+
 def _newer(s: str, t: str) -> str:
     return (
         f"({s}._dblog_lsn > {t}._dblog_lsn OR "
@@ -287,6 +299,8 @@ class DeltaSink:
         self.layout = layout
         self._columns: dict[TableId, list[Column]] = {}
         self._keys: dict[TableId, tuple[str, ...]] = {}
+        self._mirror_lsn: dict[TableId, int] = {}
+        """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -346,7 +360,8 @@ class DeltaSink:
         table = schema.table
         props = {**table_properties(schema.names), "dblog.key": json.dumps(list(schema.key)),
                  "dblog.source": self.layout.source, "dblog.table": str(table)}
-        self._create_table(self.layout.changelog(table), changelog_schema(schema.columns), props)
+        self._create_table(self.layout.changelog(table), changelog_schema(schema.columns),
+                           {**props, **CHANGELOG_STATS})
         self._create_table(self.layout.mirror(table), mirror_schema(schema.columns), props)
         self._columns[table] = list(schema.columns)
         self._keys[table] = schema.key
@@ -575,6 +590,7 @@ class DeltaSink:
 
         ``changed_before``: keys this batch's log events change before the high watermark
         (the mirror row is stale for them; a log ``d`` already says when one went away).
+        Keys deleted by changelog rows the mirror has not merged yet are left out too.
         """
         table = em.window.table
         types = {c.name: spark_type(c.spark_type) for c in columns}
@@ -610,6 +626,14 @@ class DeltaSink:
             gone = mirror.where(key_range_predicate(key, coverage, [types[k] for k in key]))
             gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
                              on=list(key), how="left_anti")
+            # A key whose delete the mirror has not merged yet is gone already (a key
+            # changed otherwise still exists, so the chunk has it unless the source lost
+            # it without a log event: then the delete is due).
+            unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
+                        .select(*[_key_value(k) for k in key]))
+            gone = gone.join(unmerged.where(
+                key_range_predicate(key, coverage, [types[k] for k in key])),
+                on=list(key), how="left_anti")
             kept = set(em.dropped_keys) | set(changed_before)
             if kept:
                 gone = gone.join(self._keys_df(list(kept), key, types),
@@ -645,7 +669,8 @@ class DeltaSink:
         out = []
         for em in tb.emissions:
             coverage = tb.coverage.get(em.window.window_id)
-            if coverage is not None and any(t < em.position for t in tb.truncates):
+            if coverage is not None and (any(t < em.position for t in tb.truncates)
+                                         or self._truncated_unmerged(tb.table)):
                 coverage = None  # the mirror rows before the truncate are gone already
             changed = (
                 list({ev.key for ev in tb.events
@@ -656,6 +681,10 @@ class DeltaSink:
                                          changed_before=changed))
         return out
 
+    def _truncated_unmerged(self, table: TableId) -> bool:
+        """Whether a changelog row the mirror has not merged yet truncates the table."""
+        return bool(self._unmerged(table).where(F.col("op") == TRUNCATE_OP).limit(1).count())
+
     @property
     def app_id(self) -> str:
         """The default idempotent-write application id (a tailer passes its own)."""
@@ -663,12 +692,15 @@ class DeltaSink:
 
     def write_table_batch(
         self, tb: TableBatch, batch: int, metadata: Mapping[str, Any], *,
-        app_id: str | None = None,
+        app_id: str | None = None, merge_mirror: bool = True,
     ) -> tuple[int, list[EmissionResult]]:
-        """Append one table's share of batch ``batch`` and merge it into the mirror.
+        """Append one table's share of batch ``batch`` to the changelog and, with
+        ``merge_mirror``, merge every changelog row the mirror lacks into it.
 
         ``app_id`` with ``batch`` is Delta's idempotent-write marker (``txnAppId`` /
-        ``txnVersion``): a batch Delta has seen under that id is skipped.
+        ``txnVersion``): a batch Delta has seen under that id is skipped. Without
+        ``merge_mirror`` the mirror follows later (:meth:`merge_mirror`), several batches
+        at once.
 
         Returns the number of log events written and each emission's row count.
         """
@@ -691,17 +723,13 @@ class DeltaSink:
         emitted: dict[tuple[str, str], int] = {}
         if tb.emissions:
             # Emissions are computed once, into the changelog: capture deletes read the mirror
-            # this batch is about to change, so they must never be recomputed. The mirror and
-            # the counts take the batch's rows back from the changelog commit that holds them
-            # (the one just written, or the one a crashed run wrote before).
+            # as it stands, so they must never be recomputed. The counts take the batch's rows
+            # back from the changelog commit that holds them (the one just written, or the
+            # one a crashed run wrote before).
             version = self._commit_version(self.layout.changelog(table), commit_metadata)
-            changes = self._committed_rows(table, version)
-            emitted = self._count_emitted(changes)
-        with self._txn(batch, commit_metadata, app_id):
-            self._merge_mirror(table, changes, columns, key,
-                               max(tb.truncates) if tb.truncates else None,
-                               key_span=_int_key_span(tb) if not tb.emissions else None,
-                               span_from_changes=bool(tb.emissions))
+            emitted = self._count_emitted(self._committed_rows(table, version))
+        if merge_mirror:
+            self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
             EmissionResult(
                 em.window.window_id, table,
@@ -711,6 +739,87 @@ class DeltaSink:
             for em in tb.emissions
         ]
         return len(tb.events), results
+
+    # ---- the mirror follows the changelog ------------------------------------------------
+
+    def mirror_lsn(self, table: TableId) -> int:
+        """Every changelog row of ``table`` at or below this ``_dblog_lsn`` is in the mirror
+        (read once from the mirror's commit history, then kept up to date)."""
+        if table not in self._mirror_lsn:
+            self._mirror_lsn[table] = self._recorded_mirror_lsn(table)
+        return self._mirror_lsn[table]
+
+    def _recorded_mirror_lsn(self, table: TableId) -> int:
+        """The mark of the mirror's latest MERGE; the floor when it has none (a new table,
+        or one whose every merge was lost: then every changelog row is merged again, which
+        the MERGE's position guard makes harmless)."""
+        from delta.tables import DeltaTable
+
+        path = self.layout.mirror(table)
+        if not self._exists(path):
+            return _LSN_FLOOR
+        history = (DeltaTable.forPath(self.spark, path).history()
+                   .where(F.col("operation") == "MERGE")
+                   .select("version", "userMetadata").orderBy(F.desc("version")))
+        for row in history.toLocalIterator():
+            try:
+                found = json.loads(row["userMetadata"] or "{}")
+            except ValueError:
+                continue
+            mark = found.get(MIRROR_LSN, found.get("dblog.to_lsn")) \
+                if isinstance(found, dict) else None
+            if isinstance(mark, int):
+                return mark
+        return _LSN_FLOOR
+
+    def _unmerged(self, table: TableId, through_lsn: int | None = None) -> DataFrame:
+        """The changelog rows the mirror lacks (up to ``through_lsn``), in no order.
+
+        The changelog is appended in log order by one writer, so these are exactly the
+        rows of the batches written since the mirror's last MERGE."""
+        rows = (self.spark.read.format("delta").load(self.layout.changelog(table))
+                .where(F.col("_dblog_lsn") > F.lit(self.mirror_lsn(table))))
+        if through_lsn is not None:
+            rows = rows.where(F.col("_dblog_lsn") <= F.lit(through_lsn))
+        return rows
+
+    def merge_mirror(self, table: TableId, batch: int, metadata: Mapping[str, Any], *,
+                     app_id: str | None = None, through_lsn: int | None = None) -> int:
+        """Merge the changelog rows the mirror lacks (up to ``through_lsn``; all without
+        it) in one MERGE; returns how many rows that was (0: nothing to do, no commit).
+
+        The MERGE carries the idempotent-write markers of ``batch`` (the last batch it
+        covers), so a tailer that lost its lock and merges late is skipped by Delta, and
+        its commit metadata records what it covers (:data:`MIRROR_LSN`). A merge repeated
+        after a crash changes nothing: only changes newer by position are applied."""
+        if not self.known_columns(table):
+            return 0
+        changes = self._unmerged(table, through_lsn)
+        first = self.key_columns(table)[0]
+        summary = changes.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.min(_key_value(first)).alias("low"),
+            F.max(_key_value(first)).alias("high"),
+            F.max("_dblog_lsn").alias("top"),
+            F.max(F.when(F.col("op") == TRUNCATE_OP,
+                         F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
+        ).first()
+        rows = int(summary["rows"]) if summary is not None else 0
+        if rows == 0:
+            if through_lsn is not None:
+                self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
+            return 0
+        assert summary is not None
+        mark = int(through_lsn if through_lsn is not None else summary["top"])
+        truncated = summary["truncated"]
+        with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id):
+            self._merge_mirror(
+                table, changes, self.known_columns(table), self.key_columns(table),
+                Position(int(truncated[0]), int(truncated[1])) if truncated else None,
+                key_span=None if summary["low"] is None else (summary["low"], summary["high"]),
+            )
+        self._mirror_lsn[table] = mark
+        return rows
 
     @staticmethod
     def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:
@@ -793,14 +902,13 @@ class DeltaSink:
         truncated: Position | None = None,
         *,
         key_span: tuple[Any, Any] | None = None,
-        span_from_changes: bool = False,
     ) -> None:
         """One MERGE: the latest change per key wins if newer than the mirror row; with a
         truncate in the batch, only changes after the last one apply and every mirror row
         older than it is deleted.
 
-        The target is pruned to the batch's span of the first key column (``key_span``, or
-        computed from ``changes``): Delta then skips mirror files whose key statistics lie
+        The target is pruned to the changes' span of the first key column (``key_span``):
+        Delta then skips mirror files whose key statistics lie
         outside it (chunks and appends at the end of the key space touch few files). It
         changes nothing else: every source row's key lies in the span."""
         from delta.tables import DeltaTable
@@ -813,13 +921,8 @@ class DeltaSink:
                    & (F.col("_dblog_seq") > truncated.seq))
             )
 
-        def key_value(k: str) -> SparkColumn:
-            return F.when(F.col("op") == "d", F.col("before").getField(k)).otherwise(
-                F.col("after").getField(k)
-            ).alias(k)
-
         flat = changes.select(
-            *[key_value(k) for k in key],
+            *[_key_value(k) for k in key],
             F.col("op"),
             *[F.col("after").getField(c.name).alias(c.name) for c in columns if c.name not in key],
             F.col("_dblog_lsn"),
@@ -834,9 +937,6 @@ class DeltaSink:
             f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
         if truncated is None:
             first = key[0]
-            if key_span is None and span_from_changes:
-                bounds = flat.agg(F.min(quote_ident(first)), F.max(quote_ident(first))).first()
-                key_span = None if bounds is None or bounds[0] is None else (bounds[0], bounds[1])
             if key_span is not None:
                 dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
                 target = F.col(f"t.{quote_ident(first)}")

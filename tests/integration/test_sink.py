@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.events import ChangeEvent, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.sink import DeltaSink, TableBatch
+from pipeline.lake.sink import MIRROR_LSN, DeltaSink, TableBatch
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import Column, TableSchema
 
@@ -498,3 +498,80 @@ def test_maintenance_lists_a_small_table_in_a_few_tasks(spark: Any, tmp_path: Pa
     stages = [tracker.getStageInfo(s) for job in jobs if job for s in job.stageIds]
     tasks = sum(stage.numTasks for stage in stages if stage)
     assert jobs and tasks < 1000, f"{len(jobs)} jobs ran {tasks} tasks"
+
+
+# ---- 9. the mirror follows the changelog, several batches per MERGE -----------------------
+
+
+def _merges(spark: Any, path: str) -> list[Any]:
+    return [h for h in history(spark, path) if h["operation"] == "MERGE"]
+
+
+def test_the_mirror_merges_several_batches_at_once_and_only_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {}, merge_mirror=False)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.UPDATE, 1, 200, name="new"),
+                                              ev(Op.DELETE, 2, 201)]), 2, {}, merge_mirror=False)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 300, name="back")]), 3, {},
+                           merge_mirror=False)
+    assert rows(spark, mirror) == []
+    assert sink.merge_mirror(TABLE, 3, {}, through_lsn=300) == 6
+    assert {r["id"]: (r["name"], r["_dblog_lsn"]) for r in rows(spark, mirror)} == {
+        1: ("new", 200), 2: ("back", 300), 3: ("n3", 103)}
+    merges = _merges(spark, mirror)
+    assert len(merges) == 1 and json.loads(merges[0]["userMetadata"])[MIRROR_LSN] == 300
+    # A sink started afresh reads where the mirror stands: nothing is merged twice.
+    again = make_sink(spark, tmp_path)
+    assert again.mirror_lsn(TABLE) == 300
+    assert again.merge_mirror(TABLE, 3, {}) == 0
+    assert len(_merges(spark, mirror)) == 1
+
+
+def test_a_capture_delete_skips_keys_the_unmerged_changelog_already_deleted(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The mirror still holds key 2, but a batch it has not merged yet deleted it: the
+    chunk's complete read must not delete it a second time."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {})
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.DELETE, 2, 200)]), 2, {}, merge_mirror=False)
+    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (3, "r3")], "id INT, name STRING"),
+                     "w1", TABLE)
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
+                   coverage={"w1": KeyRange((0,), (5,))}), 3, {}, merge_mirror=False)
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2, 0)]
+    sink.merge_mirror(TABLE, 3, {})
+    assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {
+        1: "r1", 3: "r3"}
+
+
+def test_a_capture_after_an_unmerged_truncate_deletes_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Rows the mirror still holds from before a truncate it has not merged yet are gone
+    already: a complete chunk read writes no delete for them."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
+                           1, {})
+    sink.write_table_batch(TableBatch(TABLE, truncates=[Position(200, 0)]), 2, {},
+                           merge_mirror=False)
+    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
+                   coverage={"w1": KeyRange((0,), (5,))}), 3, {}, merge_mirror=False)
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 0)]
+    sink.merge_mirror(TABLE, 3, {})
+    assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {1: "r1"}

@@ -89,11 +89,19 @@ def test_batch_materializations_report_each_touched_table() -> None:
     report = BatchReport(7, Position(1234, 0), events=30, commit_ts_ms=1_000_000,
                          table_events={TableId("shop", "b"): 20, TableId("shop", "a"): 10})
     events = batch_materializations("main", report, now_s=1003.5)
-    assert [e.asset_key.path[-2:] for e in events] == [
-        ["a", "changelog"], ["a", "mirror"], ["b", "changelog"], ["b", "mirror"]]
+    assert [e.asset_key.path[-2:] for e in events] == [["a", "changelog"], ["b", "changelog"]]
     assert events[0].metadata["events"].value == 10
     assert events[0].metadata["lag_seconds"].value == 3.5
     assert events[0].metadata["batch"].value == 7
+
+
+def test_a_mirror_merge_materializes_the_mirrors_it_merged() -> None:
+    report = BatchReport(9, Position(1234, 0), events=0, seconds=1.25, mirror_only=True,
+                         mirrors={TableId("shop", "b"): 40, TableId("shop", "a"): 5})
+    events = batch_materializations("main", report, now_s=1003.5)
+    assert [e.asset_key.path[-2:] for e in events] == [["a", "mirror"], ["b", "mirror"]]
+    assert events[0].metadata["changelog_rows_merged"].value == 5
+    assert events[1].metadata["merged_through_batch"].value == 9
 
 
 def test_lag_severity() -> None:

@@ -1,0 +1,99 @@
+# ruff: noqa: S608 - test SQL is built from constants
+"""The mirror follows the changelog: batches are committed once in the changelog, and the
+mirror merges several of them at once. A tailer that dies between a batch and its merge
+loses nothing: the next one merges from the mark in the mirror's history."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.events import TableId
+from pipeline.lake.sink import MIRROR_LSN, DeltaSink
+from pipeline.runtime import open_runtime
+from pipeline.sample import config_dict
+from pipeline.services import Endpoints
+from pipeline.status import collect_status
+from pipeline.verify import verify_table
+from tests.integration.helpers import execute, make_db
+
+pytestmark = pytest.mark.integration
+
+
+def merges(spark: Any, path: str) -> list[dict[str, Any]]:
+    from delta.tables import DeltaTable
+
+    return [json.loads(r["userMetadata"]) for r in DeltaTable.forPath(spark, path).history()
+            .where("operation = 'MERGE'").orderBy("version").collect()]
+
+
+def test_a_tailer_dying_before_its_mirror_merge_loses_nothing(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    table = TableId(db, "t")
+    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+                      lake=tmp_path / "lake", server_id=7909, batch_seconds=0.3,
+                      poll_seconds=0.2)
+    raw["tail"].update(mirror_every_s=3600, batch_max_events=1)  # a batch per transaction
+    config = parse_config(raw)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)  # a first position, at the head
+        execute(services, db, "INSERT INTO t VALUES (1, 1)", "INSERT INTO t VALUES (2, 2)")
+        rt.tailer().run(until_caught_up=True)
+        assert verify_table(rt.dialect, rt.sink, table).ok
+        merged_batch = mirror_batch(rt)
+        assert merged_batch == position_of(rt).batch
+        first_merges = len(merges(spark, rt.layout.mirror(table)))
+
+        # Three batches in the changelog, then the process dies where it would merge them.
+        real_merge = DeltaSink.merge_mirror
+
+        def dies_with_rows_to_merge(sink: DeltaSink, *args: Any, **kwargs: Any) -> int:
+            if sink._unmerged(table).count():
+                raise RuntimeError("killed before the mirror merge")
+            return real_merge(sink, *args, **kwargs)
+
+        monkeypatch.setattr(DeltaSink, "merge_mirror", dies_with_rows_to_merge)
+        execute(services, db, "UPDATE t SET v = 10 WHERE id = 1", "DELETE FROM t WHERE id = 2",
+                "INSERT INTO t VALUES (3, 3)")
+        with pytest.raises(RuntimeError, match="killed before the mirror merge"):
+            rt.tailer().run(until_caught_up=True)
+        assert position_of(rt).batch >= merged_batch + 3  # other databases' traffic too
+        assert mirror_batch(rt) == merged_batch
+        assert not verify_table(rt.dialect, rt.sink, table).ok  # the mirror lags behind
+        monkeypatch.setattr(DeltaSink, "merge_mirror", real_merge)
+
+    # A new process: its sink reads the mark from the mirror's history.
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        assert verify_table(rt.dialect, rt.sink, table).ok
+        found = merges(spark, rt.layout.mirror(table))
+        assert len(found) == first_merges + 1  # the three batches in one MERGE
+        position = position_of(rt)
+        assert found[-1][MIRROR_LSN] == position.position.lsn
+        assert mirror_batch(rt) == position.batch >= merged_batch + 3
+        assert collect_status(rt).mirror_batch == position.batch
+        changelog = spark.read.format("delta").load(rt.layout.changelog(table))
+        assert changelog.count() == 5  # two inserts, the update, the delete, the insert
+
+
+def position_of(rt: Any) -> Any:
+    found = rt.state.get_position()
+    assert found is not None
+    return found.value
+
+
+def mirror_batch(rt: Any) -> int:
+    """The batch the mirror was last merged through (the ``mirror`` document)."""
+    from pipeline.tailer import MIRROR_DOC
+
+    doc = rt.state.get(MIRROR_DOC)
+    assert doc is not None
+    return int(doc.value["batch"])
