@@ -31,6 +31,7 @@ from pipeline.errors import StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
+from pipeline.mirror import MirrorMerger
 from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
 from pipeline.state import (
@@ -197,6 +198,7 @@ class Tailer:
         self._unmerged_events = 0
         self._mirror_doc_lsn: int | None = None
         """The position the ``mirror`` document in ZooKeeper last recorded."""
+        self._merger: MirrorMerger | None = None
 
     # ---- public -----------------------------------------------------------------------
 
@@ -310,7 +312,9 @@ class Tailer:
             if quiet_since is None or quiet_since[0] != here:
                 quiet_since = (dict(here), now)
             return now - quiet_since[1] >= QUIET_S
-        # Decoding runs ahead in a thread of its own while batches are written.
+        # Decoding runs ahead in a thread of its own while batches are written, and the
+        # mirrors merge in another.
+        self._merger = MirrorMerger(self._merge_mirrors)
         reader = PrefetchingReader(
             self.dialect.open_log(start, self.tables),
             max_ahead=self.options.batch_max_events,
@@ -326,8 +330,10 @@ class Tailer:
             committed = self._flush(pending, committed.value.batch + 1, committed, summary)
             cutter.cut(cut, time.monotonic())
             self._note_unmerged(tables, events)
+            assert self._merger is not None
+            self._merger.check()
             if self._mirror_due():
-                self._merge_mirrors(committed.value)
+                self._request_merge(committed.value)
             self._replay_outcomes = None
             pending = _Pending(start=dict(committed.value.source_position))
             if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
@@ -372,16 +378,19 @@ class Tailer:
                     if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                         self._expire_windows(docs)
                     if cut is None and (self._mirror_due() or not self._proc.open_windows):
-                        self._merge_mirrors(committed.value)
+                        self._request_merge(committed.value)
             return self._finish(summary, committed.value)
         finally:
             reader.close()
+            self._merger.close()
 
     # ---- the mirror follows the changelog ----------------------------------------------
 
     def _finish(self, summary: TailSummary, committed: PositionState) -> TailSummary:
         """A run that ends cleanly leaves every mirror merged."""
-        self._merge_mirrors(committed)
+        self._request_merge(committed)
+        assert self._merger is not None
+        self._merger.wait()
         return summary
 
     def _note_unmerged(self, tables: set[TableId], events: int) -> None:
@@ -397,16 +406,25 @@ class Tailer:
         return (time.monotonic() - self._unmerged_since >= self.options.mirror_every_s
                 or self._unmerged_events >= self.options.mirror_max_events)
 
-    def _merge_mirrors(self, committed: PositionState) -> None:
-        """Merge every table's changelog rows up to the committed position into its mirror
-        (one MERGE per table with anything to merge), then record that position in the
-        ``mirror`` document (readers wait for it: :meth:`Runtime.wait_for_position`)."""
+    def _request_merge(self, committed: PositionState) -> None:
+        """Hand the tables written since the last request to the mirror merger."""
+        assert self._merger is not None
         if not self._unmerged and self._mirror_doc_lsn == committed.position.lsn:
+            self._merger.check()
             return
+        self._merger.request(committed, frozenset(self._unmerged))
+        self._unmerged = set()
+        self._unmerged_since, self._unmerged_events = None, 0
+
+    def _merge_mirrors(self, committed: PositionState, tables: frozenset[TableId]) -> None:
+        """In the merger's thread: merge each table's changelog rows up to the committed
+        position into its mirror (one MERGE per table with anything to merge), then record
+        that position in the ``mirror`` document (readers wait for it:
+        :meth:`Runtime.wait_for_position`)."""
         began = time.monotonic()
         app_id = committed.txn_app_id(self.state.source)
         merged: dict[TableId, int] = {}
-        for table in sorted(self._unmerged, key=str):
+        for table in sorted(tables, key=str):
             self.state.check_leader()
             crash_point("tail.before_mirror")
             rows = self.sink.merge_mirror(
@@ -414,10 +432,8 @@ class Tailer:
                 {"dblog.batch": committed.batch, "dblog.to_lsn": committed.position.lsn,
                  "table": str(table), "dblog.app": app_id},
                 app_id=app_id, through_lsn=committed.position.lsn)
-            self._unmerged.discard(table)
             if rows:
                 merged[table] = rows
-        self._unmerged_since, self._unmerged_events = None, 0
         self.state.check_leader()
         self.state.put(MIRROR_DOC, {
             "lsn": committed.position.lsn, "source_position": dict(committed.source_position),

@@ -20,6 +20,8 @@ staging (called from capture threads) uses another session.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -296,11 +298,19 @@ class DeltaSink:
         # "already executed" or carry the writer's commit metadata).
         self.spark = spark.newSession()
         self._staging_spark = spark.newSession()
+        # The mirror merges in a thread of its own (pipeline.mirror), with its own session
+        # for its idempotent-DML settings; the lock keeps ALTERs and compactions of the
+        # mirror away from a running MERGE.
+        self._mirror_spark = spark.newSession()
+        self.mirror_lock = threading.RLock()
         self.layout = layout
         self._columns: dict[TableId, list[Column]] = {}
         self._keys: dict[TableId, tuple[str, ...]] = {}
         self._mirror_lsn: dict[TableId, int] = {}
         """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
+        self._unmerged_truncate: dict[TableId, bool] = {}
+        """Per table: whether a changelog row the mirror lacks is a truncate (absent: not
+        known yet, read from the changelog once)."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -407,6 +417,10 @@ class DeltaSink:
     def _add_columns(self, table: TableId, added: list[Column]) -> None:
         """Add ``added`` where each is missing: a crash between the three ALTERs leaves some
         targets with the column, so every target is checked on its own."""
+        with self.mirror_lock:
+            self._add_missing_columns(table, added)
+
+    def _add_missing_columns(self, table: TableId, added: list[Column]) -> None:
         for path, prefix, fields in self._targets(table):
             missing = [c for c in added if c.name not in fields]
             if not missing:
@@ -437,6 +451,15 @@ class DeltaSink:
                 "which Delta cannot widen; capture the table into a new lake path"
             )
         target = new_type.simpleString()
+        with self.mirror_lock:
+            self._alter_types(table, have, new_type, target)
+        self._columns[table] = [
+            Column(c.name, new.spark_type) if c.name == have.name else c
+            for c in self._columns[table]
+        ]
+
+    def _alter_types(self, table: TableId, have: Column, new_type: T.DataType,
+                     target: str) -> None:
         for path, prefix, fields in self._targets(table):
             current = fields.get(have.name)
             if current is None or current == new_type or widens(new_type, current):
@@ -444,10 +467,6 @@ class DeltaSink:
             self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
             self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
                            f"{prefix}{quote_ident(have.name)} TYPE {target}")
-        self._columns[table] = [
-            Column(c.name, new.spark_type) if c.name == have.name else c
-            for c in self._columns[table]
-        ]
 
     def key_columns(self, table: TableId) -> tuple[str, ...]:
         self.known_columns(table)
@@ -499,6 +518,10 @@ class DeltaSink:
 
         Only the ordered writer may call it (it rewrites files a MERGE would read); staging
         may be written meanwhile (a vacuum commits nothing)."""
+        with self.mirror_lock:
+            return self._compact(table, vacuum)
+
+    def _compact(self, table: TableId, vacuum: bool) -> MaintenanceReport:
         from delta.tables import DeltaTable
 
         report = MaintenanceReport(table)
@@ -519,12 +542,12 @@ class DeltaSink:
     # ---- the ordered micro-batch -------------------------------------------------------
 
     @contextmanager
-    def _txn(self, batch: int, metadata: Mapping[str, Any], app_id: str | None = None
-             ) -> Iterator[None]:
+    def _txn(self, batch: int, metadata: Mapping[str, Any], app_id: str | None = None,
+             spark: SparkSession | None = None) -> Iterator[None]:
         """Delta's idempotent-DML markers as the writer session's settings (a MERGE takes no
         write options); set only around the statement that needs them. Staging work runs in
         another session and never sees them."""
-        conf = self.spark.conf
+        conf = (spark or self.spark).conf
         conf.set(_TXN_APP, app_id or self.app_id)
         conf.set(_TXN_VERSION, str(batch))
         conf.set(_USER_METADATA, _metadata_json(metadata))
@@ -622,18 +645,18 @@ class DeltaSink:
             row_of(staged).alias("after"),
         )
         if coverage is not None:
-            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
-            gone = mirror.where(key_range_predicate(key, coverage, [types[k] for k in key]))
-            gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
-                             on=list(key), how="left_anti")
+            in_range = key_range_predicate(key, coverage, [types[k] for k in key])
             # A key whose delete the mirror has not merged yet is gone already (a key
             # changed otherwise still exists, so the chunk has it unless the source lost
-            # it without a log event: then the delete is due).
+            # it without a log event: then the delete is due). Read before the mirror: a
+            # merge running meanwhile can only make this set larger than needed.
             unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
-                        .select(*[_key_value(k) for k in key]))
-            gone = gone.join(unmerged.where(
-                key_range_predicate(key, coverage, [types[k] for k in key])),
-                on=list(key), how="left_anti")
+                        .select(*[_key_value(k) for k in key]).where(in_range))
+            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
+            gone = mirror.where(in_range)
+            gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
+                             on=list(key), how="left_anti")
+            gone = gone.join(unmerged, on=list(key), how="left_anti")
             kept = set(em.dropped_keys) | set(changed_before)
             if kept:
                 gone = gone.join(self._keys_df(list(kept), key, types),
@@ -683,7 +706,10 @@ class DeltaSink:
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""
-        return bool(self._unmerged(table).where(F.col("op") == TRUNCATE_OP).limit(1).count())
+        if table not in self._unmerged_truncate:
+            self._unmerged_truncate[table] = bool(
+                self._unmerged(table).where(F.col("op") == TRUNCATE_OP).limit(1).count())
+        return self._unmerged_truncate[table]
 
     @property
     def app_id(self) -> str:
@@ -719,7 +745,12 @@ class DeltaSink:
             return 0, []
         changes = reduce(DataFrame.unionByName, parts)
         commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id}
-        self._append_changelog(table, changes, batch, commit_metadata, app_id)
+        # One emission alone comes out of its numbering in position order already.
+        in_order = len(parts) == 1 and not (tb.events or tb.truncates)
+        self._append_changelog(table, changes, batch, commit_metadata, app_id,
+                               in_order=in_order)
+        if tb.truncates:
+            self._unmerged_truncate[table] = True
         emitted: dict[tuple[str, str], int] = {}
         if tb.emissions:
             # Emissions are computed once, into the changelog: capture deletes read the mirror
@@ -758,7 +789,7 @@ class DeltaSink:
         path = self.layout.mirror(table)
         if not self._exists(path):
             return _LSN_FLOOR
-        history = (DeltaTable.forPath(self.spark, path).history()
+        history = (DeltaTable.forPath(self._mirror_spark, path).history()
                    .where(F.col("operation") == "MERGE")
                    .select("version", "userMetadata").orderBy(F.desc("version")))
         for row in history.toLocalIterator():
@@ -772,12 +803,14 @@ class DeltaSink:
                 return mark
         return _LSN_FLOOR
 
-    def _unmerged(self, table: TableId, through_lsn: int | None = None) -> DataFrame:
+    def _unmerged(self, table: TableId, through_lsn: int | None = None,
+                  spark: SparkSession | None = None) -> DataFrame:
         """The changelog rows the mirror lacks (up to ``through_lsn``), in no order.
 
         The changelog is appended in log order by one writer, so these are exactly the
-        rows of the batches written since the mirror's last MERGE."""
-        rows = (self.spark.read.format("delta").load(self.layout.changelog(table))
+        rows of the batches written since the mirror's last MERGE. (Read before the
+        mirror they are compared with: a MERGE in between only makes them more.)"""
+        rows = ((spark or self.spark).read.format("delta").load(self.layout.changelog(table))
                 .where(F.col("_dblog_lsn") > F.lit(self.mirror_lsn(table))))
         if through_lsn is not None:
             rows = rows.where(F.col("_dblog_lsn") <= F.lit(through_lsn))
@@ -792,9 +825,14 @@ class DeltaSink:
         covers), so a tailer that lost its lock and merges late is skipped by Delta, and
         its commit metadata records what it covers (:data:`MIRROR_LSN`). A merge repeated
         after a crash changes nothing: only changes newer by position are applied."""
+        with self.mirror_lock:
+            return self._merge_unmerged(table, batch, metadata, app_id, through_lsn)
+
+    def _merge_unmerged(self, table: TableId, batch: int, metadata: Mapping[str, Any],
+                        app_id: str | None, through_lsn: int | None) -> int:
         if not self.known_columns(table):
             return 0
-        changes = self._unmerged(table, through_lsn)
+        changes = self._unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
         summary = changes.agg(
             F.count(F.lit(1)).alias("rows"),
@@ -812,13 +850,26 @@ class DeltaSink:
         assert summary is not None
         mark = int(through_lsn if through_lsn is not None else summary["top"])
         truncated = summary["truncated"]
-        with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id):
-            self._merge_mirror(
-                table, changes, self.known_columns(table), self.key_columns(table),
-                Position(int(truncated[0]), int(truncated[1])) if truncated else None,
-                key_span=None if summary["low"] is None else (summary["low"], summary["high"]),
-            )
+        for attempt in range(5):
+            try:
+                with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id,
+                               self._mirror_spark):
+                    self._merge_mirror(
+                        table, changes, self.known_columns(table), self.key_columns(table),
+                        Position(int(truncated[0]), int(truncated[1])) if truncated else None,
+                        key_span=None if summary["low"] is None
+                        else (summary["low"], summary["high"]),
+                    )
+                break
+            except Exception as exc:  # another writer of the mirror (a repair by hand)
+                if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.5 * (attempt + 1))  # the MERGE is idempotent: run it again
         self._mirror_lsn[table] = mark
+        if through_lsn is None:
+            self._unmerged_truncate[table] = False
+        else:  # rows past ``through_lsn`` may remain: looked up when needed
+            self._unmerged_truncate.pop(table, None)
         return rows
 
     @staticmethod
@@ -829,12 +880,15 @@ class DeltaSink:
         return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
 
     def _append_changelog(self, table: TableId, changes: DataFrame, batch: int,
-                          metadata: Mapping[str, Any], app_id: str | None) -> None:
+                          metadata: Mapping[str, Any], app_id: str | None, *,
+                          in_order: bool = False) -> None:
         """One idempotent append of the batch, in position order (skipped by Delta when an
-        earlier attempt committed it)."""
+        earlier attempt committed it). ``in_order``: ``changes`` is one partition in
+        position order already."""
         path = self.layout.changelog(table)
-        (changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-         .write.format("delta")
+        if not in_order:
+            changes = changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
+        (changes.write.format("delta")
          .mode("append")
          .option("txnAppId", app_id or self.app_id)
          .option("txnVersion", batch)
@@ -947,7 +1001,7 @@ class DeltaSink:
         }
         values.update({m: f"s.{m}" for m in META_COLUMNS})
         merge = (
-            DeltaTable.forPath(self.spark, self.layout.mirror(table)).alias("t")
+            DeltaTable.forPath(self._mirror_spark, self.layout.mirror(table)).alias("t")
             .merge(last.alias("s"), on)
             .whenMatchedDelete(condition=f"s.op = 'd' AND {_newer('s', 't')}")
             .whenMatchedUpdate(condition=f"s.op <> 'd' AND {_newer('s', 't')}", set=values)

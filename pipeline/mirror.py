@@ -1,0 +1,89 @@
+"""Merges the mirrors in a thread of their own, so batches keep going into the changelog
+while a MERGE runs.
+
+The tailer hands over what to merge (the committed position and the tables written since
+the last request); requests made while a merge runs are folded into one. A failure (a lost
+lock, a Delta error) is kept and raised in the tailer's thread at its next request or wait.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from pipeline.events import TableId
+from pipeline.state import PositionState
+
+MergeFn = Callable[[PositionState, frozenset[TableId]], None]
+
+
+class MirrorMerger:
+    """One background thread running ``merge(committed, tables)`` for the latest request."""
+
+    def __init__(self, merge: MergeFn) -> None:
+        self._merge = merge
+        self._cond = threading.Condition()
+        self._request: tuple[PositionState, frozenset[TableId]] | None = None
+        self._busy = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="dblog-mirror", daemon=True)
+        self._thread.start()
+
+    def request(self, committed: PositionState, tables: frozenset[TableId]) -> None:
+        """Merge ``tables`` (and those of any request not started yet) up to ``committed``."""
+        with self._cond:
+            self._raise_failure()
+            if self._request is not None:
+                tables = tables | self._request[1]
+            self._request = (committed, tables)
+            self._cond.notify_all()
+
+    def check(self) -> None:
+        """Raise the failure of a merge, if one failed."""
+        with self._cond:
+            self._raise_failure()
+
+    def wait(self) -> None:
+        """Until every request so far is merged (raises the merge's failure)."""
+        with self._cond:
+            while (self._request is not None or self._busy) and self._error is None:
+                self._cond.wait()
+            self._raise_failure()
+
+    def close(self, timeout: float = 600.0) -> None:
+        """Stop after the merge running now (requests not started are dropped: the next
+        tailer merges from the mirror's own record)."""
+        with self._cond:
+            self._closed = True
+            self._request = None
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._request is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                assert self._request is not None
+                committed, tables = self._request
+                self._request, self._busy = None, True
+            try:
+                self._merge(committed, tables)
+            except BaseException as exc:  # raised in the tailer's thread
+                with self._cond:
+                    self._error, self._busy = exc, False
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
+__all__ = ["MirrorMerger"]
