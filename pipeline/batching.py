@@ -14,7 +14,10 @@ batch intent); on replay this module closes the batch exactly there:
   (:meth:`BatchCutter.idle`).
 
 Outside replay a batch is closed after a transaction once it holds ``max_events`` events or
-is ``max_seconds`` old, and when the reader is idle and has moved past the last batch end.
+is ``max_seconds`` old, when the tailer has consumed everything the reader had read so far
+(:meth:`BatchCutter.drained`: batches then grow with the lag by themselves, as the reader
+reads ahead while the previous batch is written), and when the reader is idle and has moved
+past the last batch end.
 
 Pure: positions are compared as :class:`~pipeline.events.Position`; the source-native
 position that goes with each (``native``) is carried through untouched.
@@ -104,6 +107,11 @@ class BatchCutter:
         if self._events >= self.max_events or now - self._opened >= self.max_seconds:
             return self._pending
         return None
+
+    def drained(self) -> Cut | None:
+        """The tailer consumed every transaction the reader had read: the cut to make now
+        (none while a recorded batch is rebuilt: only its recorded end closes it)."""
+        return None if self._replay is not None else self._pending
 
     def idle(self, reader_at: Position, native: Mapping[str, Any]) -> Cut | None:
         """The reader returned nothing and stands at ``reader_at`` (past any transactions

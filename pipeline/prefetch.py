@@ -64,6 +64,12 @@ class PrefetchingReader:
         reader skipped since (untracked tables) when nothing is waiting."""
         return None if self._resume is None else dict(self._resume)
 
+    @property
+    def drained(self) -> bool:
+        """Whether every transaction read so far was handed out."""
+        with self._cond:
+            return not self._queue
+
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._cond:

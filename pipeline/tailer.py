@@ -364,6 +364,12 @@ class Tailer:
                     if cut is not None and cut_at(cut):
                         return self._finish(summary, committed.value)
                 if txs:
+                    # Everything read so far is in the batch: write it now rather than
+                    # wait for more (the reader reads on meanwhile, so a tailer behind the
+                    # log writes larger batches by itself).
+                    cut = cutter.drained() if reader.drained else None
+                    if cut is not None and cut_at(cut):
+                        return self._finish(summary, committed.value)
                     continue
                 here = reader.resume
                 cut = (cutter.idle(self.dialect.to_position(here), here) if here

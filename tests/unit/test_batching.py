@@ -123,6 +123,10 @@ def run_tailer(log: list[Tx], lake: Lake, rng: random.Random, *, crash_after: in
             step()
             if cut is not None:
                 flush(cut)
+        if txs and rng.random() < 0.5:  # the reader had nothing more read ahead
+            cut = cutter.drained()
+            if cut is not None:
+                flush(cut)
         if not txs:
             cut = cutter.idle(reader.at, native(reader.at))
             if cut is not None:
@@ -196,3 +200,15 @@ def test_a_recorded_end_before_the_committed_position_is_refused() -> None:
     with pytest.raises(ReplayMismatch):
         BatchCutter(committed=Position(500), max_events=1, max_seconds=1, now=0,
                     replay=Cut(Position(400), {"lsn": 400}))
+
+
+def test_a_drained_reader_closes_the_batch_except_in_replay() -> None:
+    cutter = BatchCutter(committed=Position(100), max_events=1000, max_seconds=100.0, now=0.0)
+    assert cutter.drained() is None  # nothing consumed yet
+    assert cutter.consumed(Position(150), {"lsn": 150}, 3, 0.1) is None
+    assert cutter.drained() == Cut(Position(150), {"lsn": 150})
+    end = Cut(Position(300), {"lsn": 300})
+    replaying = BatchCutter(committed=Position(100), max_events=1, max_seconds=0.0, now=0.0,
+                            replay=end)
+    assert replaying.consumed(Position(150), {"lsn": 150}, 3, 0.1) is None
+    assert replaying.drained() is None  # only the recorded end closes a replayed batch
