@@ -767,6 +767,11 @@ class StateStore:
         if found is None or found.ephemeralOwner != self._zk.client_id[0]:
             raise LeadershipLost(f"the tailer lock for source {self.source} was lost")
 
+    def session_interrupted(self, wait_s: float = 0.0) -> bool:
+        """Whether the session was suspended or lost since the tailer lock was taken
+        (waiting up to ``wait_s`` for kazoo's event thread to report it)."""
+        return self._session_lost.wait(wait_s) if wait_s > 0 else self._session_lost.is_set()
+
     def lock_holder(self) -> str | None:
         """The identifier of the current tailer-lock holder, or ``None`` if it is free."""
         with _zk_errors("read tailer lock"):

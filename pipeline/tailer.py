@@ -27,7 +27,7 @@ from typing import Any
 
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.chunking import KeyRange
-from pipeline.errors import StateConflict
+from pipeline.errors import LeadershipLost, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
@@ -43,6 +43,7 @@ from pipeline.state import (
     RangeProgress,
     RangeUpdate,
     StateStore,
+    StateUnavailable,
     Versioned,
     WindowState,
     WindowUpdate,
@@ -99,6 +100,7 @@ class TailOptions:
     ``mirror_max_events`` events, when the tailer is idle with no chunk window open, and
     when a run ends (0: after every batch)."""
     mirror_max_events: int = 500_000
+    """...or once the batches the mirrors lack hold this many log events."""
 
 
 @dataclass
@@ -218,12 +220,27 @@ class Tailer:
         """
         stop = stop or threading.Event()
         with self.state.tailer_lock(self.identifier, timeout=lock_timeout):
-            return self._run(stop, until_caught_up, max_batches, reset_to_head)
+            return self._run_as_leader(stop, until_caught_up, max_batches, reset_to_head)
 
     def run_locked(self, *, stop: threading.Event) -> TailSummary:
         """Tail until ``stop`` while the caller holds ``state.tailer_lock`` (a supervisor
         that restarts tailers with another table set without letting the lock go)."""
-        return self._run(stop, False, None, False)
+        return self._run_as_leader(stop, False, None, False)
+
+    def _run_as_leader(self, stop: threading.Event, until_caught_up: bool,
+                       max_batches: int | None, reset_to_head: bool) -> TailSummary:
+        """:meth:`_run`; ZooKeeper failing once the session was interrupted means the lock
+        may be another tailer's now: that is :class:`LeadershipLost` (a standby takes over,
+        and an in-process tailer stands by again), whichever call noticed it first."""
+        try:
+            return self._run(stop, until_caught_up, max_batches, reset_to_head)
+        except StateUnavailable as exc:
+            if self.state.session_interrupted(wait_s=2.0):
+                raise LeadershipLost(
+                    f"the ZooKeeper session of the tailer for {self.state.source} was "
+                    f"interrupted ({exc}); another tailer may have taken over, so this one "
+                    "stops writing") from exc
+            raise
 
     # ---- the loop ---------------------------------------------------------------------
 

@@ -400,3 +400,34 @@ def test_ddl_that_may_rewrite_rows_advises_a_repair_until_a_capture(
         assert "repair advised" not in status_text(rt)
         report = verify_table(rt.dialect, rt.sink, table)
         assert report.ok, report.summary()
+
+
+def test_zookeeper_failing_after_a_session_interruption_is_leadership_lost(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever ZooKeeper call of the tailer first meets an interrupted session (here the
+    window listing of an idle poll), the tailer stops with LeadershipLost, so an in-process
+    tailer stands by again; before, a ZooKeeper error ended it, and the capture with it."""
+    from pipeline.errors import LeadershipLost
+    from pipeline.state import StateUnavailable
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    config = config_for(tmp_path, services, sample_table(services), 7910)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+
+        def listing_fails(interrupt: bool) -> Any:
+            def list_windows(*args: Any, **kwargs: Any) -> Any:
+                if interrupt:
+                    rt.state._session_lost.set()  # what kazoo's event thread reports
+                raise StateUnavailable("ZooKeeper unavailable during list windows: "
+                                       "SessionExpiredError")
+            return list_windows
+
+        monkeypatch.setattr(rt.state, "list_windows", listing_fails(True))
+        with pytest.raises(LeadershipLost, match="interrupted"):
+            rt.tailer().run(until_caught_up=True)
+        # An error on an uninterrupted session stays what it is.
+        monkeypatch.setattr(rt.state, "list_windows", listing_fails(False))
+        with pytest.raises(StateUnavailable):
+            rt.tailer().run(until_caught_up=True)
