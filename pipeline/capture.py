@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,7 +35,7 @@ from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome, next_chunk_
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
-from pipeline.lake.sink import DeltaSink
+from pipeline.lake.sink import DeltaSink, retry_concurrent_commits
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.sources.mysql.snapshot import read_max_key
@@ -564,14 +565,8 @@ class Capturer:
                 continue
             settled.setdefault(ws.window.table, []).append(ws.window.window_id)
         for tbl, wids in settled.items():
-            for attempt in range(5):
-                try:
-                    self.sink.drop_staged(tbl, wids)
-                    break
-                except Exception as exc:  # concurrent staging appends: retry the delete
-                    if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == 4:
-                        raise
-                    time.sleep(0.2 * (attempt + 1))
+            # Concurrent staging appends may commit first: the delete runs again.
+            retry_concurrent_commits(partial(self.sink.drop_staged, tbl, wids), pause_s=0.2)
             for wid in wids:
                 self.state.delete(chunk_path(wid))
                 self.state.remove_window(wid)

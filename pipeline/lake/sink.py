@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -190,6 +190,20 @@ class MaintenanceReport:
     def summary(self) -> str:
         parts = [f"{name} {a} -> {b} files" for name, (a, b) in self.files.items()]
         return f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
+
+
+def retry_concurrent_commits(action: Callable[[], None], *, pause_s: float,
+                             attempts: int = 5) -> None:
+    """Run an idempotent Delta write again when its commit lost to another writer's
+    (Delta's ``Concurrent...`` conflicts), pausing ``pause_s`` times the attempt number."""
+    for attempt in range(attempts):
+        try:
+            action()
+            return
+        except Exception as exc:
+            if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(pause_s * (attempt + 1))
 
 
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
@@ -850,21 +864,19 @@ class DeltaSink:
         assert summary is not None
         mark = int(through_lsn if through_lsn is not None else summary["top"])
         truncated = summary["truncated"]
-        for attempt in range(5):
-            try:
-                with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id,
-                               self._mirror_spark):
-                    self._merge_mirror(
-                        table, changes, self.known_columns(table), self.key_columns(table),
-                        Position(int(truncated[0]), int(truncated[1])) if truncated else None,
-                        key_span=None if summary["low"] is None
-                        else (summary["low"], summary["high"]),
-                    )
-                break
-            except Exception as exc:  # another writer of the mirror (a repair by hand)
-                if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == 4:
-                    raise
-                time.sleep(0.5 * (attempt + 1))  # the MERGE is idempotent: run it again
+
+        def merge() -> None:
+            with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id, self._mirror_spark):
+                self._merge_mirror(
+                    table, changes, self.known_columns(table), self.key_columns(table),
+                    Position(int(truncated[0]), int(truncated[1])) if truncated else None,
+                    key_span=None if summary["low"] is None
+                    else (summary["low"], summary["high"]),
+                )
+
+        # Another writer of the mirror (a repair by hand) may commit first; the MERGE is
+        # idempotent, so it runs again.
+        retry_concurrent_commits(merge, pause_s=0.5)
         self._mirror_lsn[table] = mark
         if through_lsn is None:
             self._unmerged_truncate[table] = False
