@@ -38,7 +38,6 @@ from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, retry_concurrent_commits
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
-from pipeline.sources.mysql.snapshot import read_max_key
 from pipeline.state import RangeProgress, StateStore, WindowState
 from pipeline.tailer import chunk_path
 
@@ -314,7 +313,7 @@ class Capturer:
             assert position is not None
             schema = self.dialect.table_schema(progress.table)
             top = first_key(
-                read_max_key(self.spark, self.dialect, schema, progress.lower), schema
+                self.dialect.read_max_key(self.spark, schema, progress.lower), schema
             )
             try:
                 if top is not None:

@@ -27,7 +27,7 @@ from pipeline.events import Key, TableId
 from pipeline.lake.types import quote_ident
 from pipeline.runtime import Runtime
 from pipeline.sources.base import TableSchema
-from pipeline.sources.mysql.checksum import checksum_columns
+from pipeline.sources.checksum import checksum_columns
 
 WHOLE_TABLE = "whole-table"
 

@@ -31,6 +31,12 @@ class SourceConfig:
     password_env: str
     server_id: int = 5401
     watermark_database: str = "dblog"
+    database: str = ""
+    """PostgreSQL: the database to connect to (tables are then ``schema.table``)."""
+    slot: str = ""
+    """PostgreSQL: the replication slot (default ``dblog_<name>``)."""
+    publication: str = ""
+    """PostgreSQL: the publication (default ``dblog_<name>``, created and kept by dblog)."""
     secret: str | None = field(default=None, repr=False, compare=False)
     """The password itself, when a caller resolved it (Dagster's ``EnvVar``); else it is
     read from ``password_env`` when needed."""
@@ -152,8 +158,19 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     if not isinstance(src, Mapping):
         raise ConfigError("config: source must be a mapping")
     kind = _require(src, "kind", "source", str)
-    if kind not in ("mariadb", "mysql"):
-        raise ConfigError(f"config: source.kind {kind!r} is not supported (mariadb, mysql)")
+    if kind not in ("mariadb", "mysql", "postgres"):
+        raise ConfigError(f"config: source.kind {kind!r} is not supported "
+                          "(mariadb, mysql, postgres)")
+    known_source = {"name", "kind", "host", "port", "user", "password_env", "server_id",
+                    "watermark_database"}
+    if kind == "postgres":
+        known_source |= {"database", "slot", "publication", "watermark_schema"}
+        if not isinstance(src.get("database"), str) or not src.get("database"):
+            raise ConfigError("config: source.database (the PostgreSQL database) is missing")
+    unknown_source = set(src) - known_source
+    if unknown_source:
+        raise ConfigError(f"config: source: unknown keys for kind {kind!r}: "
+                          f"{', '.join(sorted(map(str, unknown_source)))}")
     source = SourceConfig(
         name=_require(src, "name", "source", str),
         kind=kind,
@@ -162,7 +179,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         user=_expand(_require(src, "user", "source", str)),
         password_env=_require(src, "password_env", "source", str),
         server_id=int(src.get("server_id", 5401)),
-        watermark_database=str(src.get("watermark_database", "dblog")),
+        watermark_database=str(src.get("watermark_schema",
+                                        src.get("watermark_database", "dblog"))),
+        database=_expand(str(src.get("database", ""))),
+        slot=str(src.get("slot", "")),
+        publication=str(src.get("publication", "")),
     )
     if not source.name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"config: source.name {source.name!r}: use letters, digits, - and _")

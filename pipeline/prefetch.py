@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.sources.base import LogReader, Transaction
+from pipeline.sources.base import LogReader, Transaction, confirm_log
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +129,10 @@ class PrefetchingReader:
                     self._resume = taken[-1].resume
             self._cond.notify_all()
         return out
+
+    def confirm(self, native: Mapping[str, Any]) -> None:
+        """Forwarded to the inner reader (see ``sources.base.confirm_log``)."""
+        confirm_log(self._inner, native)
 
     def close(self) -> None:
         """Stop the thread (it finishes its current inner read) and close the reader."""

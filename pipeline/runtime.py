@@ -36,6 +36,15 @@ def make_dialect(config: PipelineConfig) -> SourceDialect:
             password=src.password, server_id=src.server_id,
             watermark_database=src.watermark_database,
         ))
+    if src.kind == "postgres":
+        from pipeline.sources.postgres import PostgresDialect, PostgresSettings
+
+        return PostgresDialect(PostgresSettings(
+            name=src.name, host=src.host, port=src.port, user=src.user,
+            database=src.database, password=src.password, tables=config.table_ids,
+            watermark_schema=src.watermark_database, slot=src.slot,
+            publication=src.publication,
+        ))
     raise ConfigError(f"source kind {src.kind!r} is not supported")
 
 

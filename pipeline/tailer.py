@@ -33,7 +33,13 @@ from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
 from pipeline.mirror import MirrorMerger
 from pipeline.prefetch import PrefetchingReader
-from pipeline.sources.base import SchemaChange, SourceDialect, TableSchema, Transaction
+from pipeline.sources.base import (
+    SchemaChange,
+    SourceDialect,
+    TableSchema,
+    Transaction,
+    confirm_log,
+)
 from pipeline.state import (
     ABSENT,
     BATCH_INTENT,
@@ -186,6 +192,8 @@ class Tailer:
         self._proc = WindowProcessor()
         self._ranges: dict[tuple[str, str], Versioned[RangeProgress]] = {}
         self._window_docs: dict[str, WindowState] = {}
+        self._lw_resume: dict[str, Mapping[str, Any]] = {}
+        """Per open window seen by this run: where a restart must read from to see its LW."""
         self._settled: set[str] = set()
         """Windows this tailer emitted or aborted; a repeated high watermark (a restarted
         capture writes it again) must never reopen them, even before ZooKeeper shows it."""
@@ -269,8 +277,12 @@ class Tailer:
         open_ids = {w.window_id for w in self._proc.open_windows}
         for wid in open_ids - registered.keys():
             self._proc.discard(wid)
+        for wid in set(self._lw_resume) - registered.keys():
+            del self._lw_resume[wid]
         for wid, ws in registered.items():
             self._window_docs[wid] = ws
+            if ws.extra.get("lw_resume"):
+                self._lw_resume[wid] = ws.extra["lw_resume"]
             if wid not in open_ids:
                 try:
                     self._proc.register(ws.window)
@@ -286,6 +298,7 @@ class Tailer:
         self._proc = WindowProcessor()
         self._ranges.clear()
         self._window_docs.clear()
+        self._lw_resume.clear()
         self._settled.clear()
         self._replay_outcomes = None
         if reset_to_head:
@@ -345,6 +358,7 @@ class Tailer:
             pending.end, pending.end_position = dict(cut.native), cut.end
             tables, events = set(pending.tables), pending.events
             committed = self._flush(pending, committed.value.batch + 1, committed, summary)
+            confirm_log(reader, self._log_needed_from(committed.value))
             cutter.cut(cut, time.monotonic())
             self._note_unmerged(tables, events)
             assert self._merger is not None
@@ -406,6 +420,15 @@ class Tailer:
         finally:
             reader.close()
             self._merger.close()
+
+    def _log_needed_from(self, committed: PositionState) -> Mapping[str, Any]:
+        """The earliest log position a restart may read from: the committed position, or
+        an open window's low watermark before it (warm-up re-reads from there)."""
+        keep = committed.source_position
+        for lw_resume in self._lw_resume.values():
+            if self.dialect.to_position(lw_resume) < self.dialect.to_position(keep):
+                keep = lw_resume
+        return keep
 
     # ---- the mirror follows the changelog ----------------------------------------------
 
@@ -543,6 +566,7 @@ class Tailer:
             log.warning("window %s of %s expired after %gs", wid, ws.window.table, expiry)
             self._proc.discard(wid)
             self._window_docs.pop(wid, None)
+            self._lw_resume.pop(wid, None)
 
     def _consume(
         self, tx: Transaction, pending: _Pending, resume_before: Mapping[str, Any], warm: bool
@@ -809,6 +833,9 @@ class Tailer:
             if update.status != "registered":
                 self._proc.discard(wid)
                 self._window_docs.pop(wid, None)
+                self._lw_resume.pop(wid, None)
+            elif (update.extra or {}).get("lw_resume"):
+                self._lw_resume[wid] = (update.extra or {})["lw_resume"]
         report.seconds = time.monotonic() - began
         log.info("batch %d: %d events, %d emitted / %d aborted windows, %d chunk rows, "
                  "built in %.2fs, written in %.2fs", batch_no, pending.events,

@@ -99,6 +99,15 @@ class LogReader(Protocol):
     def close(self) -> None: ...
 
 
+def confirm_log(reader: Any, native: Mapping[str, Any]) -> None:
+    """Tell ``reader`` that the log before ``native`` will never be read again (a source
+    that keeps log for its consumer, such as a PostgreSQL replication slot, may release
+    it); readers of sources that keep no such state have no ``confirm``."""
+    confirm = getattr(reader, "confirm", None)
+    if confirm is not None:
+        confirm(native)
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkSpec:
     """Which rows one chunk select reads.
@@ -155,6 +164,11 @@ class SourceDialect(Protocol):
 
     def read_chunk(self, spark: Any, spec: ChunkSpec, schema: TableSchema) -> Any:
         """One chunk as a Spark DataFrame in the table's canonical schema, in key order."""
+        ...
+
+    def read_max_key(self, spark: Any, schema: TableSchema, after_key: Key | None) -> Any:
+        """The greatest key above ``after_key`` as a DataFrame of the key columns in their
+        canonical types: one row, or none when no key lies above ``after_key``."""
         ...
 
     def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:

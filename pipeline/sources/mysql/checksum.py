@@ -14,16 +14,9 @@ from collections.abc import Sequence
 from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError
 from pipeline.sources.base import TableSchema
+from pipeline.sources.checksum import checksum_columns
 from pipeline.sources.mysql.snapshot import column_projection, key_bounds_sql
 from pipeline.sources.mysql.sqltext import quote_table
-
-UNCOMPARED_TYPES = frozenset({"FLOAT", "DOUBLE"})
-"""Canonical types left out of the checksum (compared through the row count only)."""
-
-
-def checksum_columns(schema: TableSchema) -> list[str]:
-    """The columns a checksum covers, in table order."""
-    return [c.name for c in schema.columns if c.spark_type not in UNCOMPARED_TYPES]
 
 
 def _text(expr: str, spark_type: str) -> str:

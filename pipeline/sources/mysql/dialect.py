@@ -206,6 +206,11 @@ class MySqlDialect:
     def table_schema(self, table: TableId) -> TableSchema:
         return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
 
+    def read_max_key(self, spark: Any, schema: TableSchema, after_key: Key | None) -> Any:
+        from pipeline.sources.mysql.snapshot import read_max_key
+
+        return read_max_key(spark, self, schema, after_key)
+
     def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
         """The key at 0-based ``offset`` above ``after`` in key order (``None`` if none):
         plans key ranges of a given size; reads only the primary-key index."""

@@ -186,11 +186,7 @@ def read_max_key(
     spark: SparkSession, dialect: SourceDialect, schema: TableSchema, after_key: Key | None
 ) -> DataFrame:
     """The greatest key above ``after_key`` as a DataFrame of the key columns in their
-    canonical types: one row, or none when no key lies above ``after_key``.
-
-    To become ``SourceDialect.read_max_key(spark, schema, after_key)``; a module function
-    for now.
-    """
+    canonical types: one row, or none when no key lies above ``after_key``."""
     sql = max_key_sql(schema, after_key)
     df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
     return _canonical(df, tuple(schema.column(k) for k in schema.key), schema.table)

@@ -1,0 +1,57 @@
+"""Per-range row count and checksum computed on PostgreSQL, matching
+:func:`pipeline.compare.row_text` over the mirror (see ``sources/mysql/checksum.py`` for
+the row text: ``N`` or ``V<length>:<text>`` per column, ``|``-joined, MD5's first 15 hex
+digits summed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.chunking import KeyRange
+from pipeline.sources.base import TableSchema
+from pipeline.sources.checksum import checksum_columns
+from pipeline.sources.postgres.snapshot import key_bounds_sql
+from pipeline.sources.postgres.sqltext import quote_ident, quote_table
+
+
+def _text(col_sql: str, spark_type: str, source_type: str) -> str:
+    """SQL text of a value as Spark prints its canonical form."""
+    if spark_type == "BINARY":
+        return f"upper(encode({col_sql}, 'hex'))"
+    if spark_type == "TIMESTAMP":
+        return f"to_char({col_sql} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
+    if spark_type == "TIMESTAMP_NTZ":
+        return f"to_char({col_sql}, 'YYYY-MM-DD HH24:MI:SS.US')"
+    if spark_type == "DATE":
+        return f"to_char({col_sql}, 'YYYY-MM-DD')"
+    if spark_type == "STRING" and (source_type == "character"
+                                   or source_type.startswith("character(")):
+        return f"bpcharout({col_sql})::text"
+    return f"{col_sql}::text"
+
+
+def row_text_sql(schema: TableSchema) -> str:
+    pieces = []
+    for name in checksum_columns(schema):
+        col = schema.column(name)
+        ref = quote_ident(name)
+        text = _text(ref, col.spark_type, col.source_type)
+        pieces.append(f"CASE WHEN {ref} IS NULL THEN 'N' ELSE "
+                      f"'V' || char_length({text}) || ':' || {text} END")
+    return f"concat_ws('|', {', '.join(pieces)})" if pieces else "''"
+
+
+def row_hash_sql(schema: TableSchema) -> str:
+    """A row's 60-bit hash: the first 15 hex digits of the MD5 of its text."""
+    return (f"('x' || lpad(substr(md5({row_text_sql(schema)}), 1, 15), 16, '0'))"
+            "::bit(64)::bigint")
+
+
+def range_checksum_sql(schema: TableSchema, key_range: KeyRange) -> str:
+    bounds = key_bounds_sql(schema, key_range.lower, key_range.upper, "key range")
+    return (f"SELECT count(*), COALESCE(sum({row_hash_sql(schema)}), 0) "  # noqa: S608 - quoted identifiers and validated literals only
+            f"FROM {quote_table(schema.table)} WHERE {bounds or 'TRUE'}")
+
+
+def all_checksum_sql(schema: TableSchema, ranges: Sequence[KeyRange]) -> list[str]:
+    return [range_checksum_sql(schema, r) for r in ranges]

@@ -1,0 +1,328 @@
+"""PostgreSQL (15+) as a DBLog source: the :class:`SourceDialect` implementation."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import psycopg2
+
+from pipeline.chunking import KeyRange
+from pipeline.errors import ConfigError, LogPurgedError, SourceError
+from pipeline.events import Key, Position, TableId
+from pipeline.sources.base import ChunkSpec, TableSchema
+from pipeline.sources.postgres.connection import PostgresSettings, connect, translate
+from pipeline.sources.postgres.pgoutput import lsn_text
+from pipeline.sources.postgres.schema import key_columns, load_table_schema
+from pipeline.sources.postgres.snapshot import (
+    build_chunk_sql,
+    key_at_offset_sql,
+    key_from_row,
+    max_key_sql,
+    read_query,
+)
+from pipeline.sources.postgres.sqltext import quote_ident, quote_table
+from pipeline.sources.postgres.types import SESSION_SETTINGS, spark_orders_like_source
+from pipeline.sources.postgres.wal import WATERMARK_TABLE, PostgresLogReader, native_lsn
+
+T = TypeVar("T")
+WATERMARK_LENGTH = 36
+INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
+MANAGED = "managed by dblog: tables are added as the configuration lists them"
+_LSN = "(%s - '0/0'::pg_lsn)::bigint"
+
+
+class PostgresDialect:
+    """PostgreSQL source: validation, watermarks, logical replication (pgoutput), chunks.
+
+    One control connection (autocommit, :data:`SESSION_SETTINGS`) serves metadata and
+    watermark writes, guarded by a lock; each log reader has its own replication connection.
+    """
+
+    def __init__(self, settings: PostgresSettings) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def __repr__(self) -> str:
+        return f"PostgresDialect({self.settings!r})"
+
+    @property
+    def watermark_table(self) -> TableId:
+        return TableId(self.settings.watermark_schema, WATERMARK_TABLE)
+
+    def _run(self, work: Callable[[Any], T], doing: str = "") -> T:
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = connect(self.settings)
+                return work(self._conn)
+            except (psycopg2.Error, OSError) as exc:
+                if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+                    self._close_locked()
+                raise translate(exc, self.settings, doing) from None
+
+    def _close_locked(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # already broken
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _query(self, sql: str, params: Sequence[Any] = (), doing: str = "") -> list[Any]:
+        def run(conn: Any) -> list[Any]:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall()) if cur.description else []
+
+        return self._run(run, doing)
+
+    # -- validation ---------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Refuse (SourceError naming the setting and the fix) unless the server can be
+        captured: ``wal_level=logical``, free replication slots, and a role with the
+        REPLICATION attribute."""
+        rows = self._query(
+            "SELECT current_setting('wal_level'), current_setting('max_replication_slots'),"
+            " current_setting('server_version_num')::int,"
+            " (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)",
+            doing="validate")
+        wal_level, slots, version, replication = rows[0]
+        problems = []
+        if wal_level != "logical":
+            problems.append(f"wal_level is {wal_level!r}: set wal_level = logical in "
+                            "postgresql.conf and restart the server")
+        if int(slots) < 1:
+            problems.append("max_replication_slots is 0: set it to at least 1 and restart")
+        if int(version) < 150000:
+            problems.append(f"server version {version}: PostgreSQL 15 or newer is needed")
+        if not replication:
+            problems.append(f"role {self.settings.user!r} lacks the REPLICATION attribute: "
+                            f"ALTER ROLE {quote_ident(self.settings.user)} REPLICATION")
+        if problems:
+            raise SourceError(f"source {self.name!r} ({self.settings.address}) cannot be "
+                              "captured: " + "; ".join(problems))
+
+    # -- watermarks, publication, slot ----------------------------------------------------
+
+    def ensure_watermark_table(self) -> None:
+        """Create ``<watermark_schema>.watermark`` with its one row, then the publication and
+        the replication slot, each only if missing."""
+        schema = quote_ident(self.settings.watermark_schema)
+        table = quote_table(self.watermark_table)
+
+        def create(conn: Any) -> None:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {table} (id smallint PRIMARY KEY,"
+                    " value varchar(36) NOT NULL, written_at timestamptz)")
+                cur.execute(f"INSERT INTO {table} (id, value) VALUES (1, %s)"  # noqa: S608 - quoted
+                            " ON CONFLICT (id) DO NOTHING", (INITIAL_WATERMARK,))
+
+        self._run(create, "creating the watermark table")
+        self._ensure_publication()
+        self._ensure_slot()
+
+    def _ensure_publication(self) -> None:
+        name = self.settings.publication_name
+        wanted = [*self.settings.tables, self.watermark_table]
+        found = self._query(
+            "SELECT obj_description(oid, 'pg_publication'), pubinsert AND pubupdate AND"
+            " pubdelete AND pubtruncate FROM pg_publication WHERE pubname = %s", (name,),
+            "reading the publication")
+        listed = ", ".join(quote_table(t) for t in wanted)
+        if not found:
+            try:
+                self._query(f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE {listed}",
+                            doing="creating the publication")
+                self._query(f"COMMENT ON PUBLICATION {quote_ident(name)} IS %s", (MANAGED,),
+                            "creating the publication")
+            except SourceError as exc:
+                if "already exists" not in str(exc):
+                    raise
+            return
+        comment, every_action = found[0]
+        have = {TableId(str(s), str(t)) for s, t in self._query(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+            (name,), "reading the publication")}
+        missing = [t for t in wanted if t not in have]
+        if missing and comment == MANAGED:
+            self._query(f"ALTER PUBLICATION {quote_ident(name)} ADD TABLE "
+                        + ", ".join(quote_table(t) for t in missing),
+                        doing="adding tables to the publication")
+        elif missing:
+            raise SourceError(
+                f"publication {name!r} on {self.settings.address} lacks "
+                f"{', '.join(map(str, missing))}: run ALTER PUBLICATION {quote_ident(name)} "
+                f"ADD TABLE {', '.join(quote_table(t) for t in missing)}")
+        if not every_action:
+            raise SourceError(f"publication {name!r} does not publish every insert, update, "
+                              f"delete and truncate: ALTER PUBLICATION {quote_ident(name)} "
+                              "SET (publish = 'insert, update, delete, truncate')")
+
+    def _slot(self) -> tuple[str, int | None, bool, str | None] | None:
+        rows = self._query(
+            "SELECT plugin, (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint, active, database"
+            " FROM pg_replication_slots WHERE slot_name = %s", (self.settings.slot_name,),
+            "reading the replication slot")
+        if not rows:
+            return None
+        plugin, confirmed, active, database = rows[0]
+        return str(plugin), None if confirmed is None else int(confirmed), bool(active), database
+
+    def _ensure_slot(self) -> None:
+        slot = self._slot()
+        name = self.settings.slot_name
+        if slot is None:
+            try:
+                self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                            (name,), "creating the replication slot")
+            except SourceError as exc:
+                if "already exists" not in str(exc):
+                    raise
+            return
+        plugin, _, _, database = slot
+        if plugin != "pgoutput" or database != self.settings.database:
+            raise SourceError(
+                f"replication slot {name!r} on {self.settings.host}:{self.settings.port} "
+                f"decodes database {database!r} with {plugin!r}, not {self.settings.database!r}"
+                " with pgoutput: drop it or configure another source.slot")
+
+    def write_watermark(self, value: str) -> None:
+        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction."""
+        if not isinstance(value, str) or not value or len(value) > WATERMARK_LENGTH:
+            raise ConfigError(f"watermark value must be 1-36 characters, got {value!r}")
+        sql = (f"UPDATE {quote_table(self.watermark_table)}"  # noqa: S608 - quoted identifier
+               " SET value = %s, written_at = now() WHERE id = 1")
+
+        def write(conn: Any) -> int:
+            with conn.cursor() as cur:
+                cur.execute(sql, (value,))
+                return int(cur.rowcount)
+
+        if self._run(write, "writing a watermark") != 1:
+            raise SourceError(
+                f"watermark row missing in {self.watermark_table}: run ensure_watermark_table")
+
+    # -- metadata and positions --------------------------------------------------------
+
+    def table_schema(self, table: TableId) -> TableSchema:
+        return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
+
+    def head_position(self) -> dict[str, Any]:
+        """``{"lsn": <int>}``: the end of the WAL now."""
+        rows = self._query(f"SELECT {_LSN % 'pg_current_wal_lsn()'}",
+                           doing="reading the WAL position")
+        return {"lsn": int(rows[0][0])}
+
+    def to_position(self, native: Mapping[str, Any]) -> Position:
+        return Position(native_lsn(native))
+
+    def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]
+                 ) -> PostgresLogReader:
+        """A reader from ``start``; LogPurgedError if the slot is gone or has confirmed
+        past ``start`` (the WAL in between is no longer kept for this consumer)."""
+        lsn = native_lsn(start)
+        for table in tables:
+            if not isinstance(table, TableId):
+                raise ConfigError(f"expected a TableId, got {table!r}")
+        slot = self._slot()
+        name = self.settings.slot_name
+        if slot is None:
+            raise LogPurgedError(
+                f"replication slot {name!r} on {self.settings.address} does not exist (was it "
+                "dropped?): run `dblog tail --from-head`, then `dblog capture` to re-snapshot")
+        confirmed = slot[1]
+        if confirmed is not None and lsn < confirmed:
+            raise LogPurgedError(
+                f"WAL position {lsn_text(lsn)} is older than replication slot {name!r}'s "
+                f"confirmed position {lsn_text(confirmed)} (the slot was recreated, or another "
+                "consumer advanced it): run `dblog tail --from-head`, then `dblog capture` to "
+                "re-snapshot")
+        return PostgresLogReader(self.settings, {"lsn": lsn}, tables)
+
+    # -- chunks ---------------------------------------------------------------------------
+
+    def chunk_sql(self, spec: ChunkSpec, schema: TableSchema) -> str:
+        if spec.table != schema.table:
+            raise ConfigError(f"chunk of {spec.table} with the schema of {schema.table}")
+        return build_chunk_sql(spec, schema)
+
+    def jdbc_options(self) -> dict[str, str]:
+        """Spark JDBC options; the session settings travel in the ``options`` parameter."""
+        s = self.settings
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        options = " ".join(f"-c {k}={v}" for k, v in SESSION_SETTINGS.items())
+        params = "&".join([
+            f"options={quote(options, safe='')}",
+            f"connectTimeout={max(1, int(s.connect_timeout))}",
+            f"ApplicationName={quote('dblog-' + s.name, safe='')}",
+        ])
+        return {
+            "url": f"jdbc:postgresql://{host}:{s.port}/{quote(s.database, safe='')}?{params}",
+            "driver": "org.postgresql.Driver",
+            "user": s.user,
+            "password": s.password,
+        }
+
+    def read_chunk(self, spark: Any, spec: ChunkSpec, schema: TableSchema) -> Any:
+        """One chunk through Spark JDBC in the canonical schema, in key order; each select
+        is its own autocommit statement, so it reads a fresh READ COMMITTED snapshot."""
+        return read_query(spark, self.jdbc_options(), self.chunk_sql(spec, schema),
+                          schema.columns)
+
+    def read_max_key(self, spark: Any, schema: TableSchema, after_key: Key | None) -> Any:
+        return read_query(spark, self.jdbc_options(), max_key_sql(schema, after_key),
+                          [schema.column(k) for k in schema.key])
+
+    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
+        schema = self.table_schema(table)
+        rows = self._query(key_at_offset_sql(schema, after, offset),
+                           doing=f"planning key ranges of {table}")
+        return None if not rows else key_from_row(schema, rows[0])
+
+    def range_checksums(
+        self, table: TableId, ranges: Sequence[KeyRange],
+        on_snapshot: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+        """Row count and checksum of each key range from one REPEATABLE READ snapshot, and
+        the WAL position read as that snapshot was taken."""
+        from pipeline.sources.postgres.checksum import all_checksum_sql
+
+        schema = self.table_schema(table)
+        statements = all_checksum_sql(schema, ranges)
+        conn = connect(self.settings, autocommit=False)
+        try:
+            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {_LSN % 'pg_current_wal_lsn()'}")
+                position = {"lsn": int(cur.fetchone()[0])}
+                if on_snapshot is not None:
+                    on_snapshot(position)
+                out = []
+                for sql in statements:
+                    cur.execute(sql)
+                    count, total = cur.fetchone()
+                    out.append((int(count), int(total)))
+            conn.rollback()
+        except (psycopg2.Error, OSError) as exc:
+            raise translate(exc, self.settings, f"checksumming {table}") from None
+        finally:
+            conn.close()
+        return position, out
+
+    def spark_orders_keys_like_source(self, table: TableId) -> bool:
+        columns = self._run(lambda conn: key_columns(conn, table), f"reading {table}")
+        return bool(columns) and all(
+            spark_orders_like_source(oid, typmod, collation)
+            for _, oid, typmod, collation in columns)

@@ -1,0 +1,60 @@
+"""Safe SQL text for PostgreSQL: quoted identifiers and literals that cannot change a
+statement (Spark JDBC's ``query`` option cannot bind parameters).
+
+Strings and bytes travel as hex digits (``convert_from(decode('..', 'hex'), 'UTF8')``), so
+no quoting rule or server setting (``standard_conforming_strings``) can matter; numbers
+are rendered from validated Python values, dates and timestamps from their ISO form.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from decimal import Decimal
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.events import TableId
+
+
+def quote_ident(name: str) -> str:
+    """A double-quoted identifier (embedded double quotes doubled)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ConfigError(f"invalid SQL identifier {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_table(table: TableId) -> str:
+    return f"{quote_ident(table.database)}.{quote_ident(table.table)}"
+
+
+def literal(value: Any) -> str:
+    """Render ``value`` as a PostgreSQL literal that cannot change the statement."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return f"({int(value)})"
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ConfigError(f"cannot use {value!r} as a SQL value")
+        return f"({format(value, 'f')}::numeric)"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"cannot use {value!r} as a SQL value")
+        return f"({float(value)!r}::float8)"
+    if isinstance(value, str):
+        try:
+            data = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("cannot use a string with lone surrogates as a SQL value") from None
+        return f"convert_from(decode('{data.hex()}', 'hex'), 'UTF8')"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"decode('{bytes(value).hex()}', 'hex')"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            text = value.astimezone(dt.UTC).isoformat(sep=" ", timespec="microseconds")
+            return f"('{text}'::timestamptz)"
+        return f"('{value.isoformat(sep=' ', timespec='microseconds')}'::timestamp)"
+    if isinstance(value, dt.date):
+        return f"('{value.isoformat()}'::date)"
+    raise ConfigError(f"cannot use a {type(value).__name__} ({value!r}) as a SQL value")
