@@ -130,6 +130,8 @@ class PostgresDialect:
                             " ON CONFLICT (id) DO NOTHING", (INITIAL_WATERMARK,))
 
         self._run(create, "creating the watermark table")
+        for configured in self.settings.tables:  # a clear refusal before any publication
+            self.table_schema(configured)
         self._ensure_publication()
         self._ensure_slot()
 

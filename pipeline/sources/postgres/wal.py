@@ -7,10 +7,13 @@ NULL, so a NaN would reach the lake as NULL without any error; ``pgoutput`` send
 value in the server's own text form, ships with PostgreSQL (nothing to install), sends
 only the tables of its publication, and marks a TOASTed value an update left unchanged.
 
-Positions: every change of a transaction has ``Position(lsn=commit LSN, seq=i)`` (``i`` its
-index in the transaction); the transaction's resume point, and so ``_dblog_lsn`` of the
-committed batch, is the LSN just after its commit record (``{"lsn": <int>}``). Both grow in
-commit order, which is the order logical decoding sends transactions in.
+Positions: every change of a transaction has ``Position(lsn=commit LSN + 1, seq=i)`` (``i``
+its index in the transaction, the commit LSN being where its commit record starts); the
+transaction's resume point, and so the position a batch commits, is the LSN just after its
+commit record (``{"lsn": <int>}``). Both grow in commit order, which is the order logical
+decoding sends transactions in, and a transaction's changes lie strictly between the
+previous commit's end and its own (the next commit record may start exactly where the
+previous one ends, hence the + 1).
 
 The slot keeps the WAL from the position last confirmed (:meth:`PostgresLogReader.confirm`,
 called by the tailer with what it has committed and no open window still needs). While the
@@ -214,7 +217,7 @@ class PostgresLogReader:
         if isinstance(msg, po.Begin):
             self._reset_transaction()
             self._in_txn = True
-            self._commit_lsn = msg.final_lsn
+            self._commit_lsn = msg.final_lsn + 1
             self._ts_ms = (msg.commit_ts_us + po.PG_EPOCH_US) // 1000
             return None
         if isinstance(msg, po.Commit):
