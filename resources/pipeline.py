@@ -28,7 +28,8 @@ class DblogConfigResource(ConfigurableResource):  # type: ignore[type-arg]
 
 
 class SourceResource(ConfigurableResource):  # type: ignore[type-arg]
-    """The source database (MariaDB/MySQL); ``password`` is set from an ``EnvVar``."""
+    """The source database (MariaDB/MySQL or PostgreSQL); ``password`` is set from an
+    ``EnvVar``. ``database``, ``slot`` and ``publication`` are PostgreSQL's."""
 
     name: str
     kind: str
@@ -38,6 +39,9 @@ class SourceResource(ConfigurableResource):  # type: ignore[type-arg]
     password: str
     server_id: int = 5401
     watermark_database: str = "dblog"
+    database: str = ""
+    slot: str = ""
+    publication: str = ""
 
 
 class ZooKeeperResource(ConfigurableResource):  # type: ignore[type-arg]
@@ -72,7 +76,8 @@ class DblogResource(ConfigurableResource):  # type: ignore[type-arg]
             config,
             source=replace(config.source, name=src.name, kind=src.kind, host=src.host,
                            port=src.port, user=src.user, server_id=src.server_id,
-                           watermark_database=src.watermark_database, secret=src.password),
+                           watermark_database=src.watermark_database, database=src.database,
+                           slot=src.slot, publication=src.publication, secret=src.password),
             zookeeper_hosts=self.zookeeper.hosts,
             zookeeper_root=self.zookeeper.root,
             lake=Path(self.lake.path),

@@ -1,4 +1,5 @@
-"""Fixtures the MariaDB source tests share: a root connection, a scratch database and a
+"""Fixtures the integration tests share: the contract suite's source kit (one run per
+database), and for the MariaDB source tests a root connection, a scratch database and a
 dialect whose watermark table lives in that database."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.sqltext import quote_ident
 from tests.integration.helpers import make_settings
+from tests.integration.sources import SourceKit, kit
 
 if TYPE_CHECKING:
     from pipeline.services import Endpoints
@@ -46,3 +48,12 @@ def dialect(services: Endpoints, db: str) -> Iterator[MySqlDialect]:
     d = MySqlDialect(make_settings(services, watermark_database=db))
     yield d
     d.close()
+
+
+@pytest.fixture(params=["mariadb", "postgres"])
+def source_kit(request: pytest.FixtureRequest, services: Endpoints,
+               monkeypatch: pytest.MonkeyPatch) -> SourceKit:
+    """The contract suite's source: every test using it runs once per database."""
+    found = kit(str(request.param), services)
+    monkeypatch.setenv(found.password_env, found.password)
+    return found

@@ -52,7 +52,8 @@ def run_dblog(config: Path, *args: str, password: str, fault: str | None = None
               ) -> tuple[int, str]:
     """``dblog -c config args`` in a subprocess; (exit code, stdout). A crash point
     (``fault``, see pipeline/faults.py) ends it with -9; any other failure fails the test."""
-    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password}
+    # The password of whichever source the config names (its ``password_env``).
+    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password, "DBLOG_PG_PASSWORD": password}
     env.pop("DBLOG_FAULT", None)
     if fault:
         env["DBLOG_FAULT"] = fault

@@ -21,6 +21,7 @@ from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.helpers import make_db
+from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration
 
@@ -102,13 +103,27 @@ def test_purged_position_says_to_run_a_capture(
 
 
 def test_verify_status_pause_resume(
-    env: Endpoints, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    source_kit: SourceKit, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20))"])
-    conn = connect(env, db)
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, f"v{i}") for i in range(1, 601)])
-    cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"])
+    """Part of the contract suite (runs for every source database): pause, status, resume,
+    verify, and repair captures of chosen keys and of a WHERE filter."""
+    db = source_kit.simple_table("cli", 600)
+    source = f"cli-{uuid.uuid4().hex[:8]}"
+    try:
+        _verify_status_pause_resume(source_kit, spark, tmp_path, capsys, db, source)
+    finally:
+        source_kit.forget(source)
+        source_kit.drop(db)
+
+
+def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str], db: str,
+                                source: str) -> None:
+    cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db, lake=tmp_path / "lake",
+                            chunk_size=50, tables=[f"{db}.t"])
+    data = yaml.safe_load(cfg.read_text())
+    data["capture"]["max_in_flight"] = 2
+    cfg.write_text(yaml.safe_dump(data))
     config = load_config(cfg)
     table = TableId(db, "t")
     with open_runtime(config, spark=spark) as rt:
@@ -144,19 +159,20 @@ def test_verify_status_pause_resume(
         code, out, _ = run(capsys, "-c", str(cfg), "verify")
         assert code == 0 and "verify: OK" in out
         # A change the tailer has not seen: verify exits 1 and names the key.
-        with conn.cursor() as cur:
-            cur.execute("UPDATE t SET v = 'changed' WHERE id = 123")
+        source_kit.run_sql(db, "UPDATE {t} SET v = 'changed' WHERE id = 123")
         code, out, _ = run(capsys, "-c", str(cfg), "verify")
         assert code == 1 and "(123,)" in out
         rt.tailer().run(until_caught_up=True)
-        frame = check_table(spark, env, db, "t", ("id",), rt.layout.changelog(table))
+        frame = check_table(spark, source_kit.ep, db, "t", ("id",), rt.layout.changelog(table),
+                            expected_rows=source_kit.rows(db, "t", ("id",)))
         reads = frame[frame["op"] == "r"]
         assert len(reads) == 600 and reads["after"].map(lambda a: a["id"]).is_unique
     # Repair captures: chosen keys, and a WHERE filter.
     assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--keys", "5", "7", "123")[0] == 0
     assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--where", "id > 590")[0] == 0
     with open_runtime(config, spark=spark) as rt:
-        frame = check_table(spark, env, db, "t", ("id",), rt.layout.changelog(table))
+        frame = check_table(spark, source_kit.ep, db, "t", ("id",), rt.layout.changelog(table),
+                            expected_rows=source_kit.rows(db, "t", ("id",)))
         reads = frame[frame["op"] == "r"]
         counts = reads["after"].map(lambda a: a["id"]).value_counts()
         twice = sorted(int(k) for k, n in counts.items() if n == 2)
@@ -164,7 +180,7 @@ def test_verify_status_pause_resume(
         history = spark.sql(f"DESCRIBE HISTORY delta.`{rt.layout.changelog(table)}`").collect()
         metadata = [h["userMetadata"] for h in history if h["operation"] == "WRITE"]
         assert metadata and all('"dblog.batch"' in m for m in metadata)
-    conn.close()
+        rt.state.delete("", recursive=True)
 
 
 def test_hostile_identifiers_end_to_end(

@@ -1,5 +1,6 @@
 """kill -9 in the middle of a capture and of a tail batch, restart: nothing lost, nothing
-duplicated, and the same invariants as the concurrent-write test hold."""
+duplicated, and the same invariants as the concurrent-write test hold. Part of the contract
+suite: it runs for every source database."""
 
 from __future__ import annotations
 
@@ -12,16 +13,13 @@ import pytest
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES, Workload, create_schema, write_config
-from pipeline.services import Endpoints
+from pipeline.sample import TABLES
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, check_untouched_captured_once, source_rows
+from tests.integration.checks import check_table, check_untouched_captured_once
 from tests.integration.helpers import run_dblog
+from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
-
-KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
-
 
 def dblog(config: Path, *args: str, fault: str | None = None, password: str) -> int:
     return run_dblog(config, *args, password=password, fault=fault)[0]
@@ -49,21 +47,29 @@ crash point. ``tail.after_delta`` also has its own test in test_silent_loss.py."
                  marks=[pytest.mark.slow, pytest.mark.timeout(3600)]),
 ])
 def test_kill_and_restart(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    source_kit: SourceKit, spark: Any, tmp_path: Path,
     crashes: tuple[str, ...], accounts: int, orders: int, chunk_size: int,
 ) -> None:
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"crash_{uuid.uuid4().hex[:8]}"
-    create_schema(services, db, accounts=accounts, orders=orders, seed=5)
-    config_path = write_config(
-        tmp_path / "dblog.yaml", source=f"crash-{uuid.uuid4().hex[:8]}", ep=services, db=db,
+    db = source_kit.create("crash", accounts=accounts, orders=orders, seed=5)
+    source = f"crash-{uuid.uuid4().hex[:8]}"
+    try:
+        _kill_and_restart(source_kit, spark, tmp_path, db, source, crashes, chunk_size)
+    finally:
+        source_kit.forget(source)
+        source_kit.drop(db)
+
+
+def _kill_and_restart(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str,
+                      source: str, crashes: tuple[str, ...], chunk_size: int) -> None:
+    config_path = source_kit.config(
+        tmp_path / "dblog.yaml", source=source, db=db,
         lake=tmp_path / "lake", chunk_size=chunk_size, batch_seconds=0.3,
     )
-    pw = services.mariadb_password
-    initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
+    pw = source_kit.password
+    initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
     # The tailer's starting position is taken before the writers start.
     assert dblog(config_path, "tail", "--until-caught-up", password=pw) == 0
-    workload = Workload(services, db, seed=11, pause_s=0.3, reserve_every=10).start()
+    workload = source_kit.workload(db, seed=11, pause_s=0.3, reserve_every=10)
     try:
         assert dblog(config_path, "capture", fault=crashes[0], password=pw) == -9
         for fault in crashes[1:]:
@@ -78,8 +84,9 @@ def test_kill_and_restart(
         for table in TABLES:
             report = verify_table(rt.dialect, rt.sink, TableId(db, table))
             assert report.ok, report.summary()
-            frame = check_table(spark, services, db, table, KEYS[table],
-                                rt.layout.changelog(TableId(db, table)))
+            frame = check_table(spark, source_kit.ep, db, table, KEYS[table],
+                                rt.layout.changelog(TableId(db, table)),
+                                expected_rows=source_kit.rows(db, table))
             windows = frame[frame["op"] == "r"].groupby("_dblog_window_id").size()
             assert len(windows) > 3
             assert check_untouched_captured_once(
@@ -87,3 +94,4 @@ def test_kill_and_restart(
         ranges = [r.value for f in rt.state.list_captures()
                   for r in rt.state.list_ranges(f.value.capture_id).values()]
         assert ranges and all(r.done for r in ranges)
+        rt.state.delete("", recursive=True)

@@ -1,7 +1,8 @@
 """The Dagster layer as a user drives it, in-process against the real services: the planner
 sensor adds key-range partitions, the tailer job (its own run) writes and reports the
 changelog and mirror, a multi-range run of ``full_state`` captures while writers run, and
-the asset checks pass; then mirror == source and the changelog replays to the source."""
+the asset checks pass; then mirror == source and the changelog replays to the source. Part
+of the contract suite: it runs for every source database."""
 
 from __future__ import annotations
 
@@ -34,21 +35,20 @@ from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.ranges import parse_range_name
 from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES, Workload, config_dict, create_schema
-from pipeline.services import Endpoints
+from pipeline.sample import TABLES
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
 
-KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
 RANGE_ROWS = 250
 
 
-def write_config(path: Path, services: Endpoints, db: str, source: str) -> Path:
-    data = config_dict(source=source, ep=services, tables=[f"{db}.{t}" for t in TABLES],
-                       lake=path.parent / "lake", chunk_size=250, batch_seconds=1.0,
-                       chunk_max_rows=2000)
+def write_config(path: Path, kit: SourceKit, db: str, source: str) -> Path:
+    kit.config(path, source=source, db=db, lake=path.parent / "lake", chunk_size=250,
+               batch_seconds=1.0, chunk_max_rows=2000)
+    data = yaml.safe_load(path.read_text())
     data["capture"]["range_rows"] = RANGE_ROWS
     data["zookeeper"]["root"] = f"dblog-dagster-{uuid.uuid4().hex[:6]}"
     path.write_text(yaml.safe_dump(data))
@@ -76,13 +76,21 @@ def plan(defs: Definitions, instance: DagsterInstance) -> dict[str, list[str]]:
 
 
 def test_backfill_ranges_while_the_tailer_job_runs(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"dg_{uuid.uuid4().hex[:6]}"
-    create_schema(services, db, accounts=500, orders=300, seed=11)
+    db = source_kit.create("dg", accounts=500, orders=300, seed=11)
     source = f"dg-{uuid.uuid4().hex[:6]}"
-    path = write_config(tmp_path / "dblog.yaml", services, db, source)
+    try:
+        _backfill_ranges_while_the_tailer_job_runs(source_kit, spark, tmp_path, db, source)
+    finally:
+        source_kit.forget(source)
+        source_kit.drop(db)
+
+
+def _backfill_ranges_while_the_tailer_job_runs(
+    source_kit: SourceKit, spark: Any, tmp_path: Path, db: str, source: str
+) -> None:
+    path = write_config(tmp_path / "dblog.yaml", source_kit, db, source)
     defs = build_definitions(path)
     names = {t: TableAssets(source, TableId(db, t)) for t in TABLES}
     (tmp_path / "dagster").mkdir()
@@ -119,7 +127,7 @@ def test_backfill_ranges_while_the_tailer_job_runs(
                 skipped = keep_alive(context)
             assert not skipped.run_requests, "a second tailer was requested"
 
-            workload = Workload(services, db, 11, pause_s=0.03, reserve_every=10).start()
+            workload = source_kit.workload(db, 11, pause_s=0.03, reserve_every=10)
             try:
                 # One run captures all of accounts' ranges (as a backfill's multi-range run
                 # does), one run a single range of orders, then the rest of orders.
@@ -182,8 +190,9 @@ def test_backfill_ranges_while_the_tailer_job_runs(
                 assert changelog is not None and changelog.asset_materialization is not None
                 assert changelog.asset_materialization.metadata["lsn"].value > 0
                 assert instance.get_latest_materialization_event(names[table].mirror)
-                check_table(spark, services, db, table, KEYS[table],
-                            rt.layout.changelog(TableId(db, table)))
+                check_table(spark, source_kit.ep, db, table, KEYS[table],
+                            rt.layout.changelog(TableId(db, table)),
+                            expected_rows=source_kit.rows(db, table))
 
         # A rotated tailer run: it ends by itself after max_run_seconds.
         began = time.monotonic()

@@ -1,6 +1,7 @@
-"""The most important test: writers run while a full capture and the tail run; then
-mirror == source, an independent pandas replay of the changelog == source, no key goes back
-in position, and every row that existed throughout unchanged was captured exactly once.
+"""The most important test, part of the contract suite (it runs for every source database):
+writers run while a full capture and the tail run; then mirror == source, an independent
+pandas replay of the changelog == source, no key goes back in position, and every row that
+existed throughout unchanged was captured exactly once.
 
 Odd seeds run an insert-heavy workload (half the statements append rows after the largest
 key): the capture must still finish, since a range's upper bound is fixed when it starts."""
@@ -19,14 +20,12 @@ from pipeline.capture import CaptureRequest
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES, Workload, create_schema, write_config
-from pipeline.services import Endpoints
+from pipeline.sample import TABLES
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, check_untouched_captured_once, source_rows
+from tests.integration.checks import check_table, check_untouched_captured_once
+from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
-
-KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
 
 
 def run_with_deadline(capturer: Any, capture_id: str, seconds: float) -> list[Any]:
@@ -45,46 +44,52 @@ def run_with_deadline(capturer: Any, capture_id: str, seconds: float) -> list[An
 
 
 def test_concurrent_writes_capture_and_tail(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+    source_kit: SourceKit, spark: Any, tmp_path: Path, seed: int
 ) -> None:
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"e2e_{seed}"
-    create_schema(services, db, accounts=1500, orders=1000, seed=seed)
-    initial = {t: set(source_rows(services, db, t, KEYS[t])) for t in TABLES}
-    config = load_config(write_config(
-        tmp_path / "dblog.yaml", source=f"e2e-{seed}-{uuid.uuid4().hex[:6]}", ep=services,
-        db=db, lake=tmp_path / "lake", chunk_size=300, batch_seconds=1.0,
-        chunk_max_rows=10_000,  # chunks grow as fast ones do in production
-    ))
-    with open_runtime(config, spark=spark) as rt:
-        bg = BackgroundTailer(rt.tailer()).start()
-        try:
-            rt.wait_started(bg.check)
-            insert_heavy = seed % 2 == 1
-            # The same transaction pace for both shapes: what the tail keeps up with on two
-            # shared cores today (faster writers are the throughput benchmarks' business).
-            # Every 10th existing key is left alone, so the untouched-rows check keeps its
-            # power however slow the machine (a slow capture lets writers touch everything).
-            workload = Workload(services, db, seed, pause_s=0.03, reserve_every=10,
-                                append_ratio=0.5 if insert_heavy else 0.0).start()
+    db = source_kit.create(f"e2e_{seed}", accounts=1500, orders=1000, seed=seed)
+    source = f"e2e-{seed}-{uuid.uuid4().hex[:6]}"
+    try:
+        initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
+        config = load_config(source_kit.config(
+            tmp_path / "dblog.yaml", source=source, db=db, lake=tmp_path / "lake",
+            chunk_size=300, batch_seconds=1.0,
+            chunk_max_rows=10_000,  # chunks grow as fast ones do in production
+        ))
+        with open_runtime(config, spark=spark) as rt:
+            bg = BackgroundTailer(rt.tailer()).start()
             try:
-                capturer = rt.capturer()
-                capturer.health_check = bg.check
-                capture_id = capturer.plan(CaptureRequest(tuple(TableId(db, t) for t in TABLES)))
-                reports = run_with_deadline(capturer, capture_id, seconds=600)
-                time.sleep(1.0)  # keep writing after the capture too
+                rt.wait_started(bg.check)
+                insert_heavy = seed % 2 == 1
+                # The same transaction pace for both shapes: what the tail keeps up with on
+                # two shared cores today (faster writers are the throughput benchmarks'
+                # business). Every 10th existing key is left alone, so the untouched-rows
+                # check keeps its power however slow the machine.
+                workload = source_kit.workload(db, seed, pause_s=0.03, reserve_every=10,
+                                               append_ratio=0.5 if insert_heavy else 0.0)
+                try:
+                    capturer = rt.capturer()
+                    capturer.health_check = bg.check
+                    capture_id = capturer.plan(
+                        CaptureRequest(tuple(TableId(db, t) for t in TABLES)))
+                    reports = run_with_deadline(capturer, capture_id, seconds=600)
+                    time.sleep(1.0)  # keep writing after the capture too
+                finally:
+                    workload.stop()
+                assert [r.status for r in reports] == ["done", "done"], reports
+                assert workload.ops > 50, "the writers barely ran"
+                rt.wait_caught_up(bg.check)
             finally:
-                workload.stop()
-            assert [r.status for r in reports] == ["done", "done"], reports
-            assert workload.ops > 50, "the writers barely ran"
-            rt.wait_caught_up(bg.check)
-        finally:
-            bg.stop()
-        for table in TABLES:
-            report = verify_table(rt.dialect, rt.sink, TableId(db, table))
-            assert report.ok, report.summary()
-            frame = check_table(spark, services, db, table, KEYS[table],
-                                rt.layout.changelog(TableId(db, table)))
-            untouched = check_untouched_captured_once(
-                frame, table, KEYS[table], initial[table], workload.touched)
-            assert untouched > 20, "too few untouched rows for the check to mean anything"
+                bg.stop()
+            for table in TABLES:
+                report = verify_table(rt.dialect, rt.sink, TableId(db, table))
+                assert report.ok, report.summary()
+                frame = check_table(spark, source_kit.ep, db, table, KEYS[table],
+                                    rt.layout.changelog(TableId(db, table)),
+                                    expected_rows=source_kit.rows(db, table))
+                untouched = check_untouched_captured_once(
+                    frame, table, KEYS[table], initial[table], workload.touched)
+                assert untouched > 20, "too few untouched rows for the check to mean anything"
+            rt.state.delete("", recursive=True)
+    finally:
+        source_kit.forget(source)
+        source_kit.drop(db)

@@ -56,6 +56,10 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
          "source.host is missing"),
         ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
         ({"tail": {"maintain_every_s": -1}}, r"tail.maintain_every_s must be .*\(0: off\)"),
+        ({"source": {**GOOD["source"], "kind": "postgres"}}, "source.database"),
+        ({"source": {**GOOD["source"], "slot": "s"}}, "unknown keys for kind 'mariadb': slot"),
+        ({"source": {**GOOD["source"], "kind": "postgres", "database": "d", "server_id": 1,
+                     "bogus": 2}}, "unknown keys for kind 'postgres': bogus"),
     ],
 )
 def test_bad_config(patch: dict[str, Any], message: str) -> None:
@@ -74,3 +78,13 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     top.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(top)
+
+
+def test_a_postgres_source() -> None:
+    config = parse_config({**GOOD, "source": {
+        "name": "billing", "kind": "postgres", "host": "h", "port": 5432, "user": "u",
+        "password_env": "P", "database": "billing", "slot": "my_slot",
+        "watermark_schema": "wm"}})
+    assert (config.source.kind, config.source.database) == ("postgres", "billing")
+    assert (config.source.slot, config.source.publication) == ("my_slot", "")
+    assert config.source.watermark_database == "wm"
