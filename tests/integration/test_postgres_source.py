@@ -150,8 +150,10 @@ def test_bad_input_is_refused_clearly(pg_env: Endpoints, spark: Any, tmp_path: P
             drop_replication(pg_env, names[-1])
             with pytest.raises(LogPurgedError, match="does not exist"):
                 rt.dialect.open_log(start, [TableId(schema, "good")])
-            # The slot made again (the next start): the old position lies before it.
+            # The slot made again (the next start): a position of the old one is refused.
             rt.dialect.ensure_watermark_table()
+            with pytest.raises(LogPurgedError, match="earlier replication slot"):
+                rt.dialect.open_log(start, [TableId(schema, "good")])
             with pytest.raises(LogPurgedError, match="older than replication slot"):
                 rt.dialect.open_log({"lsn": 16}, [TableId(schema, "good")])
         with pytest.raises(ConfigError, match="source.database"):

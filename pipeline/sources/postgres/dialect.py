@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -27,6 +28,8 @@ from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 from pipeline.sources.postgres.types import SESSION_SETTINGS, spark_orders_like_source
 from pipeline.sources.postgres.wal import WATERMARK_TABLE, PostgresLogReader, native_lsn
 
+SLOT_GENERATIONS = "slot_generation"
+
 T = TypeVar("T")
 WATERMARK_LENGTH = 36
 INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
@@ -46,6 +49,7 @@ class PostgresDialect:
         self.name = settings.name
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._generation: str | None = None
 
     def __repr__(self) -> str:
         return f"PostgresDialect({self.settings!r})"
@@ -172,19 +176,41 @@ class PostgresDialect:
                               f"delete and truncate: ALTER PUBLICATION {quote_ident(name)} "
                               "SET (publish = 'insert, update, delete, truncate')")
 
-    def _slot(self) -> tuple[str, int | None, bool, str | None] | None:
+    def _slot(self) -> tuple[str, int | None, str | None, str | None] | None:
+        """The slot's plugin, confirmed position, WAL status and database (None: no slot)."""
         rows = self._query(
-            "SELECT plugin, (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint, active, database"
+            "SELECT plugin, (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint, wal_status, database"
             " FROM pg_replication_slots WHERE slot_name = %s", (self.settings.slot_name,),
             "reading the replication slot")
         if not rows:
             return None
-        plugin, confirmed, active, database = rows[0]
-        return str(plugin), None if confirmed is None else int(confirmed), bool(active), database
+        plugin, confirmed, status, database = rows[0]
+        return str(plugin), None if confirmed is None else int(confirmed), status, database
+
+    @property
+    def _generations(self) -> str:
+        return quote_table(TableId(self.settings.watermark_schema, SLOT_GENERATIONS))
+
+    def slot_generation(self) -> str:
+        """An id dblog gives its slot when it creates (or first finds) it: positions carry
+        it, so a position read from an earlier slot of the same name is never resumed."""
+        if self._generation is None:
+            rows = self._query(f"SELECT generation FROM {self._generations}"  # noqa: S608
+                               " WHERE slot_name = %s", (self.settings.slot_name,),
+                               "reading the replication slot's generation")
+            if not rows:
+                raise SourceError(f"no generation recorded for replication slot "
+                                  f"{self.settings.slot_name!r}: run ensure_watermark_table")
+            self._generation = str(rows[0][0])
+        return self._generation
 
     def _ensure_slot(self) -> None:
+        self._query(f"CREATE TABLE IF NOT EXISTS {self._generations} (slot_name text PRIMARY"
+                    " KEY, generation text NOT NULL)", doing="creating the slot generations")
         slot = self._slot()
         name = self.settings.slot_name
+        record = (f"INSERT INTO {self._generations} VALUES (%s, %s) ON CONFLICT (slot_name)"  # noqa: S608
+                  " DO UPDATE SET generation = EXCLUDED.generation")
         if slot is None:
             try:
                 self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
@@ -192,6 +218,17 @@ class PostgresDialect:
             except SourceError as exc:
                 if "already exists" not in str(exc):
                     raise
+            else:
+                self._query(record, (name, uuid.uuid4().hex), "recording the slot generation")
+                self._generation = None
+                return
+        known = f"SELECT 1 FROM {self._generations} WHERE slot_name = %s"  # noqa: S608
+        rows = self._query(known, (name,), "reading the slot generation")
+        if not rows:  # a slot made before generations were recorded, or by hand
+            self._query(record, (name, uuid.uuid4().hex), "recording the slot generation")
+            self._generation = None
+        slot = self._slot()
+        if slot is None:
             return
         plugin, _, _, database = slot
         if plugin != "pgoutput" or database != self.settings.database:
@@ -222,10 +259,10 @@ class PostgresDialect:
         return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
 
     def head_position(self) -> dict[str, Any]:
-        """``{"lsn": <int>}``: the end of the WAL now."""
+        """``{"lsn": <int>, "slot": <generation>}``: the end of the WAL now."""
         rows = self._query(f"SELECT {_LSN % 'pg_current_wal_lsn()'}",
                            doing="reading the WAL position")
-        return {"lsn": int(rows[0][0])}
+        return {"lsn": int(rows[0][0]), "slot": self.slot_generation()}
 
     def to_position(self, native: Mapping[str, Any]) -> Position:
         return Position(native_lsn(native))
@@ -244,14 +281,28 @@ class PostgresDialect:
             raise LogPurgedError(
                 f"replication slot {name!r} on {self.settings.address} does not exist (was it "
                 "dropped?): run `dblog tail --from-head`, then `dblog capture` to re-snapshot")
-        confirmed = slot[1]
-        if confirmed is not None and lsn < confirmed:
+        _, confirmed, wal_status, _ = slot
+        if wal_status == "lost":
+            raise LogPurgedError(
+                f"replication slot {name!r} on {self.settings.address} lost WAL it needed "
+                "(max_slot_wal_keep_size): run `dblog tail --from-head`, then `dblog capture` "
+                "to re-snapshot")
+        generation = self.slot_generation()
+        if "slot" in start and start["slot"] != generation:
+            raise LogPurgedError(
+                f"WAL position {lsn_text(lsn)} was read from an earlier replication slot "
+                f"{name!r} (the slot was dropped and made again since): run "
+                "`dblog tail --from-head`, then `dblog capture` to re-snapshot")
+        if confirmed is not None and lsn < confirmed and "slot" not in start:
             raise LogPurgedError(
                 f"WAL position {lsn_text(lsn)} is older than replication slot {name!r}'s "
                 f"confirmed position {lsn_text(confirmed)} (the slot was recreated, or another "
                 "consumer advanced it): run `dblog tail --from-head`, then `dblog capture` to "
                 "re-snapshot")
-        return PostgresLogReader(self.settings, {"lsn": lsn}, tables)
+        # Of the same slot, a confirmed position past ``start`` is psycopg2 confirming
+        # keepalive positions once every change received was confirmed: the WAL in between
+        # holds no change of the publication, and the server resumes after it.
+        return PostgresLogReader(self.settings, {"lsn": lsn, "slot": generation}, tables)
 
     # -- chunks ---------------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class PostgresLogReader:
         self._tracked = frozenset(tables)
         self._watermark = TableId(settings.watermark_schema, WATERMARK_TABLE)
         self._boundary = native_lsn(start)
+        self._slot_generation = start.get("slot")
         self._conn: Any = None
         self._cur: Any = None
         self._catalog: Any = None
@@ -107,7 +108,12 @@ class PostgresLogReader:
     @property
     def resume(self) -> dict[str, Any]:
         """The position after the last complete transaction read (or skipped while idle)."""
-        return {"lsn": self._boundary}
+        return self._native(self._boundary)
+
+    def _native(self, lsn: int) -> dict[str, Any]:
+        if self._slot_generation is None:
+            return {"lsn": lsn}
+        return {"lsn": lsn, "slot": self._slot_generation}
 
     def confirm(self, native: Mapping[str, Any]) -> None:
         """The WAL before ``native`` will never be read again: the slot may release it
@@ -372,7 +378,7 @@ class PostgresLogReader:
         self._boundary = max(self._boundary, msg.end_lsn)
         if not items:
             return None
-        return Transaction(items=tuple(items), resume={"lsn": msg.end_lsn},
+        return Transaction(items=tuple(items), resume=self._native(msg.end_lsn),
                            position=Position(msg.end_lsn), commit_ts_ms=ts, schemas=touched)
 
 
