@@ -49,3 +49,5 @@ bench: services-up  ## capture and tail benchmarks against plain baselines (benc
 	@$(PY) -m bench.bench_latency
 	@$(PY) -m bench.bench_impact
 	@$(PY) -m bench.bench_repair
+	@$(PY) -m bench.bench_pg_capture
+	@$(PY) -m bench.bench_pg_tail

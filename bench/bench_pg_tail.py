@@ -63,6 +63,7 @@ def connect(ep: Endpoints, **kw: Any) -> Any:
 
 def row_exprs(x: str) -> str:
     """The SELECT list of one generated row whose id is the SQL expression ``x``."""
+    x = f"({x})::bigint"
     return (f"{x}, ({x} % 100000)::int,"
             f" 'customer-' || {x} || '-' || substr(md5({x}::text), 1, 12),"
             f" ({x} % 1000000) / 100.0, {x} * 0.37,"
@@ -163,7 +164,7 @@ def bare_loop(ep: Endpoints, slot: str, plugin: str, options: dict[str, str],
         if msg is None:
             if time.monotonic() - idle_since > 30:
                 raise RuntimeError(f"{plugin}: only {rows} of {expected} row changes arrived")
-            select.select([cur], [], [], 0.2)
+            select.select([cur], [], [], 0.01)
             continue
         idle_since = time.monotonic()
         if plugin == "pgoutput":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,41 +53,6 @@ class SourceStatus:
     lake has (an upper bound of the lag); None when that commit time is not recorded."""
     mirror_batch: int | None = None
     """The committed batch every mirror has merged through (None: none recorded yet)."""
-
-
-def _binlog_index(name: str) -> int | None:
-    _, dot, suffix = name.rpartition(".")
-    return int(suffix) if dot and suffix.isascii() and suffix.isdigit() else None
-
-
-def binlog_lag_bytes(
-    position: Mapping[str, Any], head: Mapping[str, Any], logs: Sequence[tuple[str, int]]
-) -> int | None:
-    """Bytes of binlog from ``position`` to ``head`` (both ``{"file", "pos"}``).
-
-    ``logs`` are the server's binlog files and sizes in order (SHOW BINARY LOGS, listed
-    after the head was read). Across files: the rest of the position's file, every file in
-    between, and the head's file up to the head. None when a file of the span is not
-    listed (purged, or a reset log) or the position is past the head.
-    """
-    try:
-        file, pos = str(position["file"]), int(position["pos"])
-        head_file, head_pos = str(head["file"]), int(head["pos"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if file == head_file:
-        return head_pos - pos if head_pos >= pos else None
-    names = [name for name, _ in logs]
-    if file not in names or head_file not in names:
-        return None
-    first, last = names.index(file), names.index(head_file)
-    here_index, head_index = _binlog_index(file), _binlog_index(head_file)
-    if first > last or here_index is None or head_index is None or here_index > head_index:
-        return None
-    size = int(logs[first][1])
-    if pos > size:
-        return None
-    return (size - pos) + sum(int(s) for _, s in logs[first + 1:last]) + head_pos
 
 
 def lag_seconds(lag_bytes: int | None, commit_ts_ms: int | None, now_s: float
@@ -149,15 +113,7 @@ def collect_status(rt: Runtime) -> SourceStatus:
     lag_s = None
     if pos is not None:
         native = pos.value.source_position
-        if "file" in native and "file" in head:
-            # Listed after the head was read: every file up to the head's is there and
-            # closed (its size final).
-            binary_logs = getattr(rt.dialect, "binary_logs", None)
-            logs = binary_logs() if callable(binary_logs) else []
-            lag = binlog_lag_bytes(native, head, logs)
-        else:  # a byte-addressed log (PostgreSQL's LSN): positions subtract
-            diff = rt.dialect.to_position(head).lsn - rt.dialect.to_position(native).lsn
-            lag = diff if diff >= 0 else None
+        lag = rt.dialect.log_bytes_between(native, head)
         now = time.time()
         since = now - pos.value.updated_at_ms / 1000
         # The source commit time of the last committed transaction, where the tailer

@@ -150,6 +150,11 @@ class SourceDialect(Protocol):
 
     def to_position(self, native: Mapping[str, Any]) -> Position: ...
 
+    def log_bytes_between(self, position: Mapping[str, Any], head: Mapping[str, Any]
+                          ) -> int | None:
+        """Bytes of source log from ``position`` to ``head`` (None: not known)."""
+        ...
+
     def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]) -> LogReader:
         """A reader from ``start``; LogPurgedError if the log no longer reaches back there."""
         ...

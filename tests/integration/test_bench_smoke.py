@@ -62,3 +62,19 @@ def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: 
                                    "checksum compare: mirror", "checksum compare"}
     assert all(r["seconds"] > 0 and r["rows_per_s"] > 0 for r in doc["results"].values())
     assert doc["results"]["checksum compare"]["ranges"] == 5
+
+
+def test_postgres_benches_smoke(services: Endpoints, spark: SparkSession,
+                                tmp_path: Path) -> None:
+    from bench import bench_pg_capture, bench_pg_tail
+
+    out = tmp_path / "pg-tail.json"
+    assert bench_pg_tail.main(["--smoke", "--shapes", "single", "--output", str(out)]) == 0
+    doc = _load(out, "pg-tail")
+    (row,) = doc["results"]
+    for side in ("baseline", "wal2json", "dblog"):
+        assert row[side]["row_events"] == 2000 and row[side]["row_events_per_s"] > 0
+    out = tmp_path / "pg-capture.json"
+    assert bench_pg_capture.main(["--smoke", "--output", str(out)]) == 0
+    (row,) = _load(out, "pg-capture")["results"]
+    assert row["dblog"]["complete"] and row["dblog"]["rows"] == 5000 and row["ratio"] > 0

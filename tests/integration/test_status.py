@@ -15,8 +15,9 @@ from pipeline.config import parse_config
 from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
+from pipeline.sources.mysql.binlog import binlog_lag_bytes
 from pipeline.state import ABSENT, PositionState
-from pipeline.status import binlog_lag_bytes, collect_status, lag_seconds, render_status
+from pipeline.status import collect_status, lag_seconds, render_status
 
 LOGS = [("mysql-bin.000007", 1000), ("mysql-bin.000008", 5000), ("mysql-bin.000009", 700),
         ("mysql-bin.000010", 300)]

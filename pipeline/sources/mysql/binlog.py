@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,41 @@ def native_position(native: Mapping[str, Any]) -> tuple[str, int]:
     if not 4 <= pos < 2**32:
         raise ConfigError(f"binlog offset out of range: {pos}")
     return file, pos
+
+
+def _binlog_index(name: str) -> int | None:
+    _, dot, suffix = name.rpartition(".")
+    return int(suffix) if dot and suffix.isascii() and suffix.isdigit() else None
+
+
+def binlog_lag_bytes(
+    position: Mapping[str, Any], head: Mapping[str, Any], logs: Sequence[tuple[str, int]]
+) -> int | None:
+    """Bytes of binlog from ``position`` to ``head`` (both ``{"file", "pos"}``).
+
+    ``logs`` are the server's binlog files and sizes in order (SHOW BINARY LOGS, listed
+    after the head was read). Across files: the rest of the position's file, every file in
+    between, and the head's file up to the head. None when a file of the span is not
+    listed (purged, or a reset log) or the position is past the head.
+    """
+    try:
+        file, pos = str(position["file"]), int(position["pos"])
+        head_file, head_pos = str(head["file"]), int(head["pos"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if file == head_file:
+        return head_pos - pos if head_pos >= pos else None
+    names = [name for name, _ in logs]
+    if file not in names or head_file not in names:
+        return None
+    first, last = names.index(file), names.index(head_file)
+    here_index, head_index = _binlog_index(file), _binlog_index(head_file)
+    if first > last or here_index is None or head_index is None or here_index > head_index:
+        return None
+    size = int(logs[first][1])
+    if pos > size:
+        return None
+    return (size - pos) + sum(int(s) for _, s in logs[first + 1:last]) + head_pos
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from pipeline.sources.mysql.binlog import (
     WATERMARK_TABLE,
     MySqlLogReader,
     binlog_file_index,
+    binlog_lag_bytes,
     native_position,
 )
 from pipeline.sources.mysql.checks import (
@@ -305,6 +306,13 @@ class MySqlDialect:
     def to_position(self, native: Mapping[str, Any]) -> Position:
         file, pos = native_position(native)
         return Position.from_binlog(binlog_file_index(file), pos)
+
+    def log_bytes_between(self, position: Mapping[str, Any], head: Mapping[str, Any]
+                          ) -> int | None:
+        """Bytes of binlog from ``position`` to ``head``, across files (None: unknown)."""
+        # Listed after the head was read: every file up to the head's is there and closed
+        # (its size final).
+        return binlog_lag_bytes(position, head, self.binary_logs())
 
     def binary_logs(self) -> list[tuple[str, int]]:
         """The server's binlog files and sizes (SHOW BINARY LOGS)."""

@@ -267,6 +267,12 @@ class PostgresDialect:
     def to_position(self, native: Mapping[str, Any]) -> Position:
         return Position(native_lsn(native))
 
+    def log_bytes_between(self, position: Mapping[str, Any], head: Mapping[str, Any]
+                          ) -> int | None:
+        """Bytes of WAL from ``position`` to ``head`` (LSNs subtract)."""
+        diff = native_lsn(head) - native_lsn(position)
+        return diff if diff >= 0 else None
+
     def open_log(self, start: Mapping[str, Any], tables: Sequence[TableId]
                  ) -> PostgresLogReader:
         """A reader from ``start``; LogPurgedError if the slot is gone or has confirmed
