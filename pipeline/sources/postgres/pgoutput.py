@@ -101,6 +101,7 @@ class Other:
 
 Message = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Other
 
+_I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
@@ -178,7 +179,7 @@ def parse(data: bytes) -> Message:
         identity = r.byte()
         columns = []
         for _ in range(r.fixed(_I16)):
-            flags = r.fixed(struct.Struct(">b"))
+            flags = r.fixed(_I8)
             columns.append(RelationColumn(r.string(), r.fixed(_U32), r.fixed(_I32),
                                           bool(flags & 1)))
         return Relation(oid, namespace, name, identity, tuple(columns))
@@ -206,7 +207,7 @@ def parse(data: bytes) -> Message:
         return Delete(oid, r.tuple_data(), marker == "K")
     if kind == "T":
         count = r.fixed(_I32)
-        options = r.fixed(struct.Struct(">b"))
+        options = r.fixed(_I8)
         oids = tuple(r.fixed(_U32) for _ in range(count))
         return Truncate(oids, bool(options & 1), bool(options & 2))
     return Other(kind)
