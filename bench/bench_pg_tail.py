@@ -128,7 +128,7 @@ def create(ep: Endpoints, schema: str, prefill: int) -> None:
 
 
 def head(cur: Any) -> int:
-    cur.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint")
+    cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
     return int(cur.fetchone()[0])
 
 

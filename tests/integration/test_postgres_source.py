@@ -23,6 +23,7 @@ from pipeline.services import Endpoints
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
 from tests.integration.pg import (
+    PG_DATABASE,
     drop_replication,
     pg_config,
     pg_connect,
@@ -92,7 +93,7 @@ def test_types_hostile_names_and_toast_through_capture_and_tail(
             finally:
                 bg.stop()
             report = verify_table(rt.dialect, rt.sink, tid)
-            assert report.ok, report.summary()
+            assert report.ok, report.summary() + _lake_account(spark, rt, tid)
             # The database's checksums (a repair's comparison) agree on every type.
             from pipeline.chunking import KeyRange
             from pipeline.compare import compare_ranges
@@ -315,3 +316,54 @@ def test_a_role_without_replication_and_a_foreign_publication_are_refused(
             drop_replication(pg_env, name)
         pg_execute(pg_env, f"DROP PUBLICATION IF EXISTS {publication}",
                    f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f"DROP ROLE IF EXISTS {role}")
+
+
+def _lake_account(spark: Any, rt: Any, table: TableId) -> str:
+    """What a failing comparison needs: the committed and merged positions, the changelog's
+    rows by position, and the mirror's commits."""
+    from delta.tables import DeltaTable
+
+    lines = [f"\nposition: {rt.state.get_position()}", f"mirror doc: {rt.state.get('mirror')}",
+             f"head: {rt.dialect.head_position()}"]
+    changelog = spark.read.format("delta").load(rt.layout.changelog(table))
+    for row in changelog.select("op", "_dblog_lsn", "_dblog_seq", "_dblog_batch",
+                                "_dblog_window_id").orderBy("_dblog_lsn", "_dblog_seq").collect():
+        lines.append(f"changelog: {tuple(row)}")
+    history = DeltaTable.forPath(spark, rt.layout.mirror(table)).history()
+    for row in history.select("version", "operation", "userMetadata").collect():
+        lines.append(f"mirror commit: {tuple(row)}")
+    return "\n".join(lines)
+
+
+def test_the_head_includes_every_committed_transaction(pg_env: Endpoints) -> None:
+    """With ``synchronous_commit = off`` (the local server's setting) a commit record may not
+    be written when the commit returns: the head must still lie past it, or a tailer would
+    be called caught up before it read the transaction (this failed with the write
+    position, ``pg_current_wal_lsn()``)."""
+    from pipeline.sources.postgres import PostgresDialect, PostgresSettings
+
+    name = f"pghead-{uuid.uuid4().hex[:6]}"
+    schema = f"head_pg_{uuid.uuid4().hex[:6]}"
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"',
+               f'CREATE TABLE "{schema}".t (id int PRIMARY KEY)',
+               f'ALTER TABLE "{schema}".t REPLICA IDENTITY FULL')
+    dialect = PostgresDialect(PostgresSettings(
+        name=name, host=pg_env.host, port=pg_env.pg_port, user=pg_env.user,
+        database=PG_DATABASE, password=pg_env.pg_password, tables=(TableId(schema, "t"),)))
+    conn = pg_connect(pg_env)
+    try:
+        dialect.ensure_watermark_table()
+        late = 0
+        with conn.cursor() as cur:
+            cur.execute("SET synchronous_commit = off")
+            for i in range(50):
+                cur.execute(f'INSERT INTO "{schema}".t VALUES (%s)', (i,))
+                cur.execute("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
+                committed_by = int(cur.fetchone()[0])
+                late += dialect.head_position()["lsn"] < committed_by
+        assert late == 0, f"the head lay before {late} of 50 just committed transactions"
+    finally:
+        conn.close()
+        dialect.close()
+        drop_replication(pg_env, name)
+        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -259,8 +259,12 @@ class PostgresDialect:
         return self._run(lambda conn: load_table_schema(conn, table), f"reading {table}")
 
     def head_position(self) -> dict[str, Any]:
-        """``{"lsn": <int>, "slot": <generation>}``: the end of the WAL now."""
-        rows = self._query(f"SELECT {_LSN % 'pg_current_wal_lsn()'}",
+        """``{"lsn": <int>, "slot": <generation>}``: the end of the WAL now.
+
+        The insert position, not ``pg_current_wal_lsn()`` (the write position): with
+        ``synchronous_commit = off`` a committed transaction's commit record may not be
+        written yet, and a head before it would call a tailer caught up too early."""
+        rows = self._query(f"SELECT {_LSN % 'pg_current_wal_insert_lsn()'}",
                            doing="reading the WAL position")
         return {"lsn": int(rows[0][0]), "slot": self.slot_generation()}
 
@@ -364,7 +368,7 @@ class PostgresDialect:
         try:
             conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
             with conn.cursor() as cur:
-                cur.execute(f"SELECT {_LSN % 'pg_current_wal_lsn()'}")
+                cur.execute(f"SELECT {_LSN % 'pg_current_wal_insert_lsn()'}")
                 position = {"lsn": int(cur.fetchone()[0])}
                 if on_snapshot is not None:
                     on_snapshot(position)

@@ -24,6 +24,7 @@ forever).
 
 from __future__ import annotations
 
+import logging
 import select
 import time
 from collections.abc import Iterable, Mapping
@@ -51,6 +52,7 @@ from pipeline.sources.postgres.types import (
 )
 
 WATERMARK_TABLE = "watermark"
+log = logging.getLogger(__name__)
 
 
 def native_lsn(native: Mapping[str, Any]) -> int:
@@ -132,6 +134,7 @@ class PostgresLogReader:
 
     def _open(self) -> None:
         s = self._settings
+        log.info("streaming slot %s from %s", s.slot_name, po.lsn_text(self._boundary))
         self._conn = connect_replication(s)
         self._cur = self._conn.cursor()
         try:
@@ -213,6 +216,9 @@ class PostgresLogReader:
         except Exception as exc:  # translated below
             self._drop()
             if out:  # deliver what is complete; the error recurs on the next call
+                log.warning("the WAL stream failed after %d transactions (%s: %s); it "
+                            "reconnects at %s", len(out), type(exc).__name__, exc,
+                            po.lsn_text(self._boundary))
                 return out
             raise translate(exc, self._settings, "reading the WAL") from exc
         return out
@@ -263,6 +269,7 @@ class PostgresLogReader:
         table = TableId(msg.namespace, msg.name)
         watermark = table == self._watermark
         if not watermark and table not in self._tracked:
+            log.info("relation %s (oid %d) is not captured", table, msg.oid)
             self._plans[msg.oid] = None
             return
         facts = self._key_and_nulls(msg.oid)
