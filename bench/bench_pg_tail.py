@@ -33,12 +33,11 @@ from typing import Any
 import psycopg2
 import psycopg2.extras
 
+from bench.bench_tail import dblog_tail
 from bench.common import (
     RESULTS_DIR,
-    Profile,
     lake_dir,
     print_table,
-    record_batches,
     remove_lake,
     run_id,
     write_results,
@@ -178,27 +177,6 @@ def bare_loop(ep: Endpoints, slot: str, plugin: str, options: dict[str, str],
     seconds = time.perf_counter() - began
     conn.close()
     return {"row_events": rows, "seconds": round(seconds, 3), "row_events_per_s": rows / seconds}
-
-
-def dblog_tail(rt: Any) -> dict[str, Any]:
-    batches: list[tuple[int, float]] = []
-    profile = Profile()
-    for method in ("_events_df", "_append_changelog", "_merge_mirror"):
-        profile.wrap(rt.sink, method, f"sink.{method}")
-    tailer = rt.tailer(on_batch=record_batches(batches))
-    began = time.perf_counter()
-    try:
-        summary = tailer.run(until_caught_up=True)
-    finally:
-        profile.unwrap()
-    seconds = time.perf_counter() - began
-    write = sum(s for _, s in batches)
-    return {"row_events": summary.events, "batches": summary.batches,
-            "seconds": round(seconds, 2), "row_events_per_s": summary.events / seconds,
-            "delta_write_seconds": round(write, 2),
-            "read_decode_seconds": round(seconds - write, 2),
-            "max_batch_events": max((e for e, _ in batches), default=0),
-            "profile": profile.summary()}
 
 
 def config(ep: Endpoints, name: str, schema: str) -> PipelineConfig:
