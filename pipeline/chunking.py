@@ -224,3 +224,28 @@ def next_chunk_rows(rows_asked: int, rows_read: int, seconds: float, *, first: i
     if seconds > target_seconds * 2:
         return max(floor, min(asked // 2, most))
     return max(floor, min(asked, most))
+
+
+LITERAL_MARK = "\x00"
+"""A parameter placeholder that cannot occur in a quoted identifier."""
+
+
+def chunk_predicate_sql(
+    key_columns: Sequence[str],
+    last_key: Key | None,
+    range_end: Key | None,
+    *,
+    quote_ident: Callable[[str], str],
+    literal: Callable[[Any], str],
+) -> str:
+    """:func:`next_chunk_predicate` with its values rendered by ``literal`` (a dialect's
+    safe-literal function), for SQL that cannot bind parameters (Spark JDBC's ``query``)."""
+    sql, params = next_chunk_predicate(key_columns, last_key, range_end,
+                                       quote_ident=quote_ident, placeholder=LITERAL_MARK)
+    parts = sql.split(LITERAL_MARK)
+    if len(parts) != len(params) + 1:
+        raise AssertionError("placeholder count mismatch")
+    out = [parts[0]]
+    for value, tail in zip(params, parts[1:], strict=True):
+        out += [literal(value), tail]
+    return "".join(out)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chunking import next_chunk_predicate
+from pipeline.chunking import chunk_predicate_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key, TableId
 from pipeline.sources.base import ChunkSpec, Column, SourceDialect, TableSchema
@@ -17,19 +17,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
-_MARK = "\x00"  # parameter placeholder: cannot occur in a quoted identifier
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
-
-
-def _render(sql: str, params: list[Any]) -> str:
-    parts = sql.split(_MARK)
-    if len(parts) != len(params) + 1:
-        raise AssertionError("placeholder count mismatch")
-    out = [parts[0]]
-    for value, tail in zip(params, parts[1:], strict=True):
-        out.append(literal(value))
-        out.append(tail)
-    return "".join(out)
 
 
 def _keys_predicate(key_cols: tuple[str, ...], keys: list[Key]) -> str:
@@ -78,11 +66,10 @@ def key_bounds_sql(schema: TableSchema, lower: Key | None, upper: Key | None,
     if lower is None and upper is None:
         return None
     try:
-        sql, params = next_chunk_predicate(schema.key, lower, upper, quote_ident=quote_ident,
-                                           placeholder=_MARK)
+        return chunk_predicate_sql(schema.key, lower, upper, quote_ident=quote_ident,
+                                   literal=literal)
     except ValueError as exc:
         raise ConfigError(f"{doing} of {schema.table}: {exc}") from None
-    return _render(sql, params)
 
 
 def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:

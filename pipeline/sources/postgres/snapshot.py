@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chunking import next_chunk_predicate
+from pipeline.chunking import chunk_predicate_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key
 from pipeline.sources.base import ChunkSpec, Column, TableSchema
@@ -15,9 +15,6 @@ from pipeline.sources.postgres.types import TEMPORAL, projection
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-_MARK = "\x00"
-
 
 def column_projection(col: Column) -> str:
     return projection(quote_ident(col.name), col.source_type, col.spark_type)
@@ -29,17 +26,10 @@ def key_bounds_sql(schema: TableSchema, lower: Key | None, upper: Key | None,
     if lower is None and upper is None:
         return None
     try:
-        sql, params = next_chunk_predicate(schema.key, lower, upper, quote_ident=quote_ident,
-                                           placeholder=_MARK)
+        return chunk_predicate_sql(schema.key, lower, upper, quote_ident=quote_ident,
+                                   literal=literal)
     except ValueError as exc:
         raise ConfigError(f"{doing} of {schema.table}: {exc}") from None
-    parts = sql.split(_MARK)
-    if len(parts) != len(params) + 1:
-        raise AssertionError("placeholder count mismatch")
-    out = [parts[0]]
-    for value, tail in zip(params, parts[1:], strict=True):
-        out += [literal(value), tail]
-    return "".join(out)
 
 
 def _keys_predicate(key_cols: tuple[str, ...], keys: list[Key]) -> str:
