@@ -1,8 +1,12 @@
 """Safe SQL text for PostgreSQL: quoted identifiers and literals that cannot change a
 statement (Spark JDBC's ``query`` option cannot bind parameters).
 
-Strings and bytes travel as hex digits (``convert_from(decode('..', 'hex'), 'UTF8')``), so
-no quoting rule or server setting (``standard_conforming_strings``) can matter; numbers
+Strings are Unicode-escaped literals (``U&'a\0027b'``): only ASCII letters and digits stay
+as they are, every other character is an escape, so no quote or backslash can end the
+literal (every session runs with ``standard_conforming_strings = on``, which ``U&`` needs).
+Such a literal has no type of its own, so PostgreSQL reads it with the compared column's
+input function: a uuid, enum, interval, time, unconstrained numeric or char(n) key (a
+string in the lake) compares in its own type's order. Bytes travel as hex digits; numbers
 are rendered from validated Python values, dates and timestamps from their ISO form.
 """
 
@@ -28,6 +32,26 @@ def quote_table(table: TableId) -> str:
     return f"{quote_ident(table.database)}.{quote_ident(table.table)}"
 
 
+def unicode_literal(text: str) -> str:
+    """``text`` as an untyped ``U&'...'`` literal of ASCII letters, digits and escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("cannot use a string with lone surrogates as a SQL value") from None
+    if "\x00" in text:
+        raise ConfigError("cannot use a string with a NUL character as a SQL value")
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch.isascii() and ch.isalnum():
+            out.append(ch)
+        elif code <= 0xFFFF:
+            out.append(f"\\{code:04X}")
+        else:
+            out.append(f"\\+{code:06X}")
+    return "U&'" + "".join(out) + "'"
+
+
 def literal(value: Any) -> str:
     """Render ``value`` as a PostgreSQL literal that cannot change the statement."""
     if isinstance(value, bool):
@@ -43,11 +67,7 @@ def literal(value: Any) -> str:
             raise ConfigError(f"cannot use {value!r} as a SQL value")
         return f"({float(value)!r}::float8)"
     if isinstance(value, str):
-        try:
-            data = value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError("cannot use a string with lone surrogates as a SQL value") from None
-        return f"convert_from(decode('{data.hex()}', 'hex'), 'UTF8')"
+        return unicode_literal(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return f"decode('{bytes(value).hex()}', 'hex')"
     if isinstance(value, dt.datetime):

@@ -44,6 +44,7 @@ SESSION_SETTINGS = {
     "TimeZone": "UTC",
     "bytea_output": "hex",
     "extra_float_digits": "3",
+    "standard_conforming_strings": "on",
 }
 """Settings of every session that reads values, so that text forms never vary."""
 
