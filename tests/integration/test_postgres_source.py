@@ -367,3 +367,112 @@ def test_the_head_includes_every_committed_transaction(pg_env: Endpoints) -> Non
         dialect.close()
         drop_replication(pg_env, name)
         pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+KEY_TABLES = {
+    # ICU orders a000, B001, c002, ... case-insensitively; byte order puts capitals first.
+    "ci": ('k text COLLATE "en-x-icu" PRIMARY KEY',
+           "SELECT CASE WHEN i % 2 = 1 THEN upper(chr(97 + i % 8)) ELSE chr(97 + i % 8) END"
+           " || lpad(i::text, 3, '0') || CASE WHEN i % 10 = 0 THEN 'é' ELSE '' END"
+           " FROM generate_series(0, 59) i", ["k"]),
+    "uu": ("k uuid PRIMARY KEY",
+           "SELECT md5(i::text)::uuid FROM generate_series(1, 60) i", ["k"]),
+    # Unconstrained numeric (a STRING in the lake): text order is not numeric order.
+    "nm": ("k numeric PRIMARY KEY",
+           "SELECT (i - 30) * 10.0 ^ (i % 7 * 5) / 3 FROM generate_series(0, 59) i", ["k"]),
+    "tz": ("k timestamptz PRIMARY KEY",
+           "SELECT timestamptz '2024-03-01 00:00:00+00' + i * interval '37 min 0.000123 s'"
+           " FROM generate_series(0, 59) i", ["k"]),
+    # char(5): trailing blanks are insignificant, inner ones are not.
+    "ch": ("k char(5) PRIMARY KEY",
+           "SELECT DISTINCT rtrim(substr('ab  c!' || chr(65 + i % 26), 1 + i % 4, 1 + i % 4))"
+           " || chr(97 + i % 3) FROM generate_series(0, 59) i", ["k"]),
+    "en": ("e order_mood NOT NULL, n int, PRIMARY KEY (e, n)",
+           "SELECT (ARRAY['zeta', 'alpha', 'mid'])[1 + i % 3]::order_mood, i"
+           " FROM generate_series(0, 53) i", ["e", "n"]),
+    "tm": ("k time(3) PRIMARY KEY",
+           "SELECT time '00:00' + i * interval '14 min 23.125 s' FROM generate_series(0, 59) i",
+           ["k"]),
+    "by": ("k bytea PRIMARY KEY",
+           "SELECT DISTINCT decode(md5(i::text), 'hex') FROM generate_series(1, 60) i", ["k"]),
+}
+
+
+def test_chunks_continue_from_the_last_key_in_the_databases_order(
+        pg_env: Endpoints, spark: Any, tmp_path: Path) -> None:
+    """Keys whose order or literal form is the database's own (an ICU collation, uuid,
+    unconstrained numeric, timestamptz east of UTC, char(n), an enum, time, bytea): small
+    chunks continue exactly after the previous chunk's last key, so every row is captured
+    once and the mirror equals the source."""
+    from pyspark.sql import functions as F
+
+    from tests.integration.test_capture_bounds import host_time_zone
+
+    schema = f"keys_pg_{uuid.uuid4().hex[:6]}"
+    qs = f'"{schema}"'
+    statements = [f"CREATE SCHEMA {qs}", f"CREATE TYPE {qs}.order_mood AS ENUM"
+                  " ('zeta', 'alpha', 'mid')", f"SET search_path = {qs}"]
+    for name, (columns, rows, _) in KEY_TABLES.items():
+        statements += [f"CREATE TABLE {qs}.{name} ({columns}, v serial)",
+                       f"ALTER TABLE {qs}.{name} REPLICA IDENTITY FULL",
+                       f"INSERT INTO {qs}.{name} ({', '.join(KEY_TABLES[name][2])}) {rows}"]
+    pg_execute(pg_env, *statements)
+    source = f"pgkeys-{uuid.uuid4().hex[:6]}"
+    tables = [TableId(schema, name) for name in KEY_TABLES]
+    config = pg_config(pg_env, name=source, tables=[f"{schema}.{n}" for n in KEY_TABLES],
+                       lake=tmp_path / "lake", chunk_size=25)
+    try:
+        with host_time_zone("Asia/Tokyo"), open_runtime(config, spark=spark) as rt:
+            with BackgroundTailer(rt.tailer()) as bg:
+                rt.wait_started(bg.check)
+                capturer = rt.capturer()
+                capturer.health_check = bg.check
+                reports = run_with_deadline(capturer, capturer.plan(CaptureRequest(
+                    tuple(tables))), 600)
+                assert [r.status for r in reports] == ["done"] * len(tables), reports
+                rt.wait_caught_up(bg.check)
+            problems = []
+            for table in tables:
+                key = KEY_TABLES[table.table][2]
+                expected = len(pg_rows(pg_env, f"{qs}.{table.table}", tuple(key)))
+                captured = (spark.read.format("delta").load(rt.layout.changelog(table))
+                            .where(F.col("op") == "r")
+                            .select(*(F.col("after").getField(k).alias(k) for k in key)))
+                total, distinct = captured.count(), captured.distinct().count()
+                if (total, distinct) != (expected, expected):
+                    problems.append(f"{table.table}: {total} capture rows, {distinct} keys, "
+                                    f"{expected} source rows")
+                report = verify_table(rt.dialect, rt.sink, table)
+                if not report.ok:
+                    problems.append(report.summary())
+            assert not problems, "\n".join(problems)
+            rt.state.delete("", recursive=True)
+    finally:
+        drop_replication(pg_env, source)
+        pg_execute(pg_env, f"DROP SCHEMA IF EXISTS {qs} CASCADE")
+
+
+def test_an_idle_tailer_is_caught_up_after_a_wal_segment_switch(
+        pg_env: Endpoints, spark: Any, tmp_path: Path) -> None:
+    """After ``pg_switch_wal()`` the insert position lies past the new segment's page
+    header, where no record ends: the head must be the segment's start, or a tailer of an
+    idle database would never be called caught up."""
+    schema = f"switch_pg_{uuid.uuid4().hex[:6]}"
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"',
+               f'CREATE TABLE "{schema}".t (id int PRIMARY KEY)',
+               f'ALTER TABLE "{schema}".t REPLICA IDENTITY FULL')
+    name = f"pgswitch-{uuid.uuid4().hex[:6]}"
+    config = pg_config(pg_env, name=name, tables=[f"{schema}.t"], lake=tmp_path / "lake")
+    try:
+        with open_runtime(config, spark=spark) as rt:
+            with BackgroundTailer(rt.tailer()) as bg:
+                rt.wait_started(bg.check)
+                pg_execute(pg_env, f'INSERT INTO "{schema}".t VALUES (1)',
+                           "SELECT pg_switch_wal()")
+                head = rt.dialect.head_position()
+                assert head["lsn"] % (16 * 2**20) == 0, head  # the local server's segments
+                rt.wait_caught_up(bg.check, timeout=30)
+            rt.state.delete("", recursive=True)
+    finally:
+        drop_replication(pg_env, name)
+        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -34,7 +34,16 @@ T = TypeVar("T")
 WATERMARK_LENGTH = 36
 INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
 MANAGED = "managed by dblog: tables are added as the configuration lists them"
-_LSN = "(%s - '0/0'::pg_lsn)::bigint"
+_END_OF_RECORDS = (
+    "SELECT CASE WHEN mod(lsn, seg) = 40 THEN lsn - 40 WHEN mod(lsn, blk) = 24 THEN lsn - 24"
+    " ELSE lsn END FROM (SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS lsn,"
+    " current_setting('wal_block_size')::bigint AS blk,"
+    " pg_size_bytes(current_setting('wal_segment_size')) AS seg) AS insert_position"
+)
+"""The WAL insert position as the end of the last record. At the start of a page the insert
+position lies past the page's header (24 bytes, 40 on a segment's first page), where no
+record ends: a tailer's position (the end of the records it read) never gets there until
+the next record, so the head is the page's start instead."""
 
 
 class PostgresDialect:
@@ -264,8 +273,7 @@ class PostgresDialect:
         The insert position, not ``pg_current_wal_lsn()`` (the write position): with
         ``synchronous_commit = off`` a committed transaction's commit record may not be
         written yet, and a head before it would call a tailer caught up too early."""
-        rows = self._query(f"SELECT {_LSN % 'pg_current_wal_insert_lsn()'}",
-                           doing="reading the WAL position")
+        rows = self._query(_END_OF_RECORDS, doing="reading the WAL position")
         return {"lsn": int(rows[0][0]), "slot": self.slot_generation()}
 
     def to_position(self, native: Mapping[str, Any]) -> Position:
@@ -368,7 +376,7 @@ class PostgresDialect:
         try:
             conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
             with conn.cursor() as cur:
-                cur.execute(f"SELECT {_LSN % 'pg_current_wal_insert_lsn()'}")
+                cur.execute(_END_OF_RECORDS)
                 position = {"lsn": int(cur.fetchone()[0])}
                 if on_snapshot is not None:
                     on_snapshot(position)
