@@ -29,6 +29,43 @@ from tests.integration.pg import (
 
 KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
 
+MARIADB_TYPED = """CREATE TABLE {db}.typed (
+  id INT PRIMARY KEY, d DATE, dt DATETIME(6), ts TIMESTAMP(3) NULL, b VARBINARY(16),
+  tiny DECIMAL(10,8), big DECIMAL(40,10), l1 VARCHAR(20) CHARACTER SET latin1,
+  t TIME(2), y YEAR, bits BIT(10), e ENUM('x','y'), s SET('a','b'), j JSON, f FLOAT,
+  u BIGINT UNSIGNED, n TINYINT
+) ENGINE=InnoDB"""
+MARIADB_TYPED_ROWS = [
+    (1, "2024-02-29", "2024-02-29 23:59:59.000001", "2038-01-19 03:14:07.999", b"\x00\xff|:",
+     "0.00000001", "-12345678901234567890.0000000001", "café", "-838:59:59.99", 2155, 1023,
+     "y", "a,b", '{"k": [1, "é"]}', 1.5, 2**64 - 1, -128),
+    (2, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+     None, None),
+    (3, "1000-01-01", "1000-01-01 00:00:00", "1970-01-01 00:00:01", b"", "0", "0", "",
+     "00:00:00", 1901, 0, "x", "", "[]", -0.0, 0, 0),
+    (4, "2024-01-01", "2024-01-01 12:00:00", "2024-01-01 12:00:00", b"a", "1.5", "1e20", "N",
+     "1:2:3", 2000, 5, "x", "b", '"V1:x|"', 3.0, 7, 1),
+]
+POSTGRES_TYPED = """CREATE TABLE {db}.typed (
+  id int PRIMARY KEY, s smallint, c bigint, n numeric(12,3), un numeric, r real,
+  d double precision, ok boolean, t text, v varchar(10), ch char(4), by bytea, day date,
+  tm time, ts timestamp, tz timestamptz, iv interval, u uuid, j json, jb jsonb, arr int[],
+  m {db}.mood)"""
+POSTGRES_TYPED_ROWS = [
+    "1, -32768, 9007199254740993, -12.345, 'NaN', 'Infinity', 'NaN', true, 'ünï ✓', 'vv',"
+    " 'ab', '\\x00ff', '2024-02-29', '12:34:56.789', '2024-01-02 03:04:05.678901',"
+    " '2024-01-02 03:04:05+02', '1 year 2 days 00:00:01',"
+    " 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": [1, \"é\"]}', '{\"k\": [1, 2]}',"
+    " '{1,NULL,3}', 'happy'",
+    "2" + ", NULL" * 21,
+    "3, 0, 0, 0, '-1e-30', '-Infinity', -0.0, false, '', '', '', '', '0001-01-01', '00:00',"
+    " '1970-01-01', '1970-01-01 00:00:00+00', '0 s', '00000000-0000-0000-0000-000000000000',"
+    " '[]', '{}', '{}', 'sad'",
+    "4, 5, 7, 1.5, '1e20', 3.0, 1.5, true, 'N', 'x y', 'a b', 'a', '2024-01-01', '23:59:59',"
+    " '2024-01-01 12:00:00', '2024-01-01 12:00:00-08', '-1 mon', "
+    " 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a12', '\"V1:x|\"', 'null', '{{1,2},{3,4}}', 'ok'",
+]
+
 
 class SourceKit(Protocol):
     kind: str
@@ -70,6 +107,11 @@ class SourceKit(Protocol):
 
     def forget(self, source: str) -> None:
         """Drop what a pipeline source left in the database (slot, publication)."""
+        ...
+
+    def create_typed(self, db: str) -> str:
+        """Table ``typed`` in ``db``: a column of every type the source maps, four rows
+        (edge values, all NULLs, empty and zero values, plain values); returns its name."""
         ...
 
 
@@ -133,6 +175,16 @@ class MariaDbKit:
     def forget(self, source: str) -> None:
         del source  # a binlog reader leaves nothing on the server
 
+    def create_typed(self, db: str) -> str:
+        conn = connect(self.ep, db)
+        with conn.cursor() as cur:
+            cur.execute(MARIADB_TYPED.format(db=q(db)))
+            cur.executemany(
+                "INSERT INTO typed VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                MARIADB_TYPED_ROWS)
+        conn.close()
+        return "typed"
+
 
 class PostgresKit:
     kind = "postgres"
@@ -190,6 +242,13 @@ class PostgresKit:
 
     def forget(self, source: str) -> None:
         drop_replication(self.ep, source)
+
+    def create_typed(self, db: str) -> str:
+        qs = f'"{db}"'
+        pg_execute(self.ep, f"CREATE TYPE {qs}.mood AS ENUM ('sad', 'ok', 'happy')",
+                   POSTGRES_TYPED.format(db=qs), f"ALTER TABLE {qs}.typed REPLICA IDENTITY FULL",
+                   *(f"INSERT INTO {qs}.typed VALUES ({row})" for row in POSTGRES_TYPED_ROWS))
+        return "typed"
 
 
 def kit(kind: str, ep: Endpoints) -> SourceKit:
