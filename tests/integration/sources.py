@@ -18,11 +18,13 @@ from bench.common import drop_database
 from pipeline.sample import TABLES, Workload, config_dict, connect, create_schema, q
 from pipeline.sample_pg import create_pg_schema
 from pipeline.services import Endpoints
+from pipeline.sources.postgres.sqltext import quote_ident
 from tests.integration.checks import source_rows
 from tests.integration.pg import (
     PG_DATABASE,
     PgWorkload,
     drop_replication,
+    pg_connect,
     pg_execute,
     pg_rows,
 )
@@ -90,10 +92,23 @@ class SourceKit(Protocol):
         """Started writers (``stop()``, ``touched``, ``ops``)."""
         ...
 
-    def config(self, path: Path, *, source: str, db: str, lake: Path, chunk_size: int = 250,
-               batch_seconds: float = 0.5, chunk_max_rows: int | None = None,
-               tables: list[str] | None = None) -> Path:
-        """A configuration of the sample tables of ``db`` (or of ``tables``)."""
+    def config_data(self, *, source: str, db: str, lake: Path,
+                    tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
+        """A configuration (as parsed YAML) of the sample tables of ``db`` (or of
+        ``tables``); ``options`` as :func:`pipeline.sample.config_dict` takes them."""
+        ...
+
+    def config(self, path: Path, *, source: str, db: str, lake: Path,
+               tables: list[str] | None = None, **options: Any) -> Path:
+        """:meth:`config_data` written to ``path``."""
+        ...
+
+    def qualified(self, db: str, table: str) -> str:
+        """Table ``table`` of ``db`` as quoted SQL."""
+        ...
+
+    def connect(self) -> Any:
+        """A new autocommit DB-API connection (``%s`` parameters) to the source."""
         ...
 
     def simple_table(self, prefix: str, rows: int) -> str:
@@ -115,7 +130,19 @@ class SourceKit(Protocol):
         ...
 
 
-class MariaDbKit:
+class _WritesConfig:
+    def config_data(self, *, source: str, db: str, lake: Path,
+                    tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def config(self, path: Path, *, source: str, db: str, lake: Path,
+               tables: list[str] | None = None, **options: Any) -> Path:
+        data = self.config_data(source=source, db=db, lake=lake, tables=tables, **options)
+        path.write_text(yaml.safe_dump(data, allow_unicode=True))
+        return path
+
+
+class MariaDbKit(_WritesConfig):
     kind = "mariadb"
 
     def __init__(self, ep: Endpoints) -> None:
@@ -144,15 +171,16 @@ class MariaDbKit:
     def workload(self, db: str, seed: int, **options: Any) -> Workload:
         return Workload(self.ep, db, seed, **options).start()
 
-    def config(self, path: Path, *, source: str, db: str, lake: Path, chunk_size: int = 250,
-               batch_seconds: float = 0.5, chunk_max_rows: int | None = None,
-               tables: list[str] | None = None) -> Path:
-        data = config_dict(source=source, ep=self.ep,
-                           tables=tables or [f"{db}.{t}" for t in TABLES],
-                           lake=lake, chunk_size=chunk_size, batch_seconds=batch_seconds,
-                           chunk_max_rows=chunk_max_rows)
-        path.write_text(yaml.safe_dump(data, allow_unicode=True))
-        return path
+    def config_data(self, *, source: str, db: str, lake: Path,
+                    tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
+        return config_dict(source=source, ep=self.ep,
+                           tables=tables or [f"{db}.{t}" for t in TABLES], lake=lake, **options)
+
+    def qualified(self, db: str, table: str) -> str:
+        return f"{q(db)}.{q(table)}"
+
+    def connect(self) -> Any:
+        return connect(self.ep)
 
     def simple_table(self, prefix: str, rows: int) -> str:
         db = f"{prefix}_{uuid.uuid4().hex[:8]}"
@@ -186,7 +214,7 @@ class MariaDbKit:
         return "typed"
 
 
-class PostgresKit:
+class PostgresKit(_WritesConfig):
     kind = "postgres"
 
     def __init__(self, ep: Endpoints) -> None:
@@ -215,18 +243,20 @@ class PostgresKit:
     def workload(self, db: str, seed: int, **options: Any) -> PgWorkload:
         return PgWorkload(self.ep, db, seed, **options).start()
 
-    def config(self, path: Path, *, source: str, db: str, lake: Path, chunk_size: int = 250,
-               batch_seconds: float = 0.5, chunk_max_rows: int | None = None,
-               tables: list[str] | None = None) -> Path:
+    def config_data(self, *, source: str, db: str, lake: Path,
+                    tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
         data = config_dict(source=source, ep=self.ep,
-                           tables=tables or [f"{db}.{t}" for t in TABLES],
-                           lake=lake, chunk_size=chunk_size, batch_seconds=batch_seconds,
-                           chunk_max_rows=chunk_max_rows)
+                           tables=tables or [f"{db}.{t}" for t in TABLES], lake=lake, **options)
         data["source"] = {"name": source, "kind": "postgres", "host": self.ep.host,
                           "port": self.ep.pg_port, "user": self.ep.user,
                           "password_env": self.password_env, "database": PG_DATABASE}
-        path.write_text(yaml.safe_dump(data, allow_unicode=True))
-        return path
+        return data
+
+    def qualified(self, db: str, table: str) -> str:
+        return f"{quote_ident(db)}.{quote_ident(table)}"
+
+    def connect(self) -> Any:
+        return pg_connect(self.ep)
 
     def simple_table(self, prefix: str, rows: int) -> str:
         schema = f"{prefix}_{uuid.uuid4().hex[:8]}"

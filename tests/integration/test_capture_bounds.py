@@ -30,26 +30,39 @@ from pipeline.services import Endpoints
 from pipeline.tailer import chunk_path
 from pipeline.verify import verify_table
 from tests.integration.helpers import make_db
+from tests.integration.sources import MariaDbKit, SourceKit
 
 pytestmark = pytest.mark.integration
 
 
 @contextmanager
 def runtime(ep: Endpoints, tmp_path: Path, db: str, tables: list[str], *, server_id: int,
-            chunk_size: int, max_in_flight: int = 4) -> Iterator[tuple[Runtime, BackgroundTailer]]:
-    config = parse_config(config_dict(
-        source=f"cb-{uuid.uuid4().hex[:8]}", ep=ep, tables=[f"{db}.{t}" for t in tables],
-        lake=tmp_path / "lake", server_id=server_id, chunk_size=chunk_size,
-        max_in_flight=max_in_flight,
-        batch_seconds=1.0, poll_seconds=0.2,
-    ))
-    with open_runtime(config) as rt:
-        bg = BackgroundTailer(rt.tailer()).start()
-        try:
-            rt.wait_started(bg.check)
-            yield rt, bg
-        finally:
-            bg.stop()
+            chunk_size: int, max_in_flight: int = 4, kit: SourceKit | None = None,
+            ) -> Iterator[tuple[Runtime, BackgroundTailer]]:
+    """A runtime of ``tables`` of ``db`` (on ``kit``'s database; MariaDB without one) with
+    its tailer running in the background."""
+    options: dict[str, Any] = {"chunk_size": chunk_size, "max_in_flight": max_in_flight,
+                               "batch_seconds": 1.0, "poll_seconds": 0.2}
+    source = f"cb-{uuid.uuid4().hex[:8]}"
+    if kit is None:
+        data = config_dict(source=source, ep=ep, tables=[f"{db}.{t}" for t in tables],
+                           lake=tmp_path / "lake", server_id=server_id, **options)
+    else:
+        data = kit.config_data(source=source, db=db, tables=[f"{db}.{t}" for t in tables],
+                               lake=tmp_path / "lake", **options)
+    try:
+        with open_runtime(parse_config(data)) as rt:
+            bg = BackgroundTailer(rt.tailer()).start()
+            try:
+                rt.wait_started(bg.check)
+                yield rt, bg
+            finally:
+                bg.stop()
+                if kit is not None:
+                    rt.state.delete("", recursive=True)
+    finally:
+        if kit is not None:
+            kit.forget(source)
 
 
 def capture_within(rt: Runtime, bg: BackgroundTailer, tables: list[TableId],
@@ -139,17 +152,24 @@ def assert_captured_once(rt: Runtime, ep: Endpoints, db: str, table: str, key: l
     )
 
 
-def id_table(ep: Endpoints, rows: int) -> str:
-    """A new database with ``t (id BIGINT PRIMARY KEY, v INT)`` holding ids 1..rows."""
-    db = make_db(ep, prefix="cb",
-                 ddl=["CREATE TABLE {db}.t (id BIGINT PRIMARY KEY, v INT NOT NULL)"])
+def id_table(kit: SourceKit, rows: int) -> str:
+    """A new schema with ``t (id BIGINT PRIMARY KEY, v INT)`` holding ids 1..rows."""
+    db = f"cb_{uuid.uuid4().hex[:8]}"
+    kit.run_sql(db, *kit_ddl(kit, db, "CREATE TABLE {t} (id BIGINT PRIMARY KEY, v INT NOT NULL)"))
     if rows:
-        conn = connect(ep, db)
+        conn = kit.connect()
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO t VALUES (%s, %s)",
+            cur.executemany(f"INSERT INTO {kit.qualified(db, 't')} VALUES (%s, %s)",  # noqa: S608
                             [(i, i) for i in range(1, rows + 1)])
         conn.close()
     return db
+
+
+def kit_ddl(kit: SourceKit, db: str, create: str) -> list[str]:
+    """The schema ``db`` and one table ``t`` made by ``create`` (full row images)."""
+    if kit.kind == "postgres":
+        return [f'CREATE SCHEMA "{db}"', create, "ALTER TABLE {t} REPLICA IDENTITY FULL"]
+    return [f"CREATE DATABASE `{db}`", create]
 
 
 def assert_mirror_equals_source(rt: Runtime, table: TableId) -> None:
@@ -161,8 +181,9 @@ class Inserter:
     """Inserts increasing ids at the end of the key space as fast as it can (a few rows per
     statement), and updates random existing rows now and then."""
 
-    def __init__(self, ep: Endpoints, db: str, table: str, first_id: int, existing: int) -> None:
-        self.ep, self.db, self.table = ep, db, table
+    def __init__(self, kit: SourceKit, db: str, table: str, first_id: int,
+                 existing: int) -> None:
+        self.kit, self.qualified = kit, kit.qualified(db, table)
         self.next_id = first_id
         self.existing = existing
         self.inserted = 0
@@ -184,8 +205,8 @@ class Inserter:
     def _run(self) -> None:
         rng = random.Random(7)
         try:
-            conn = connect(self.ep, self.db)
-            table = q(self.table)
+            conn = self.kit.connect()
+            table = self.qualified
             with conn.cursor() as cur:
                 while not self._stop.is_set():
                     rows = [(self.next_id + i, rng.randrange(10**6)) for i in range(5)]
@@ -211,63 +232,73 @@ class Inserter:
 
 @pytest.mark.timeout(1800)
 def test_capture_ends_while_rows_keep_arriving_at_the_end_of_the_key_space(
-    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = id_table(services, 1500)
+    db = id_table(source_kit, 1500)
     table = TableId(db, "t")
-    with runtime(services, tmp_path, db, ["t"], server_id=7601, chunk_size=100,
-                 max_in_flight=8) as (rt, bg):
-        writer = Inserter(services, db, "t", first_id=1501, existing=1500).start()
-        try:
-            time.sleep(2.0)  # the writer is well ahead when the capture starts
-            reports = capture_within(rt, bg, [table], deadline_s=900)
-        finally:
-            writer.stop()
-        assert writer.inserted > 500, f"the writer barely ran ({writer.inserted} rows)"
-        assert reports[0].rows_selected < writer.next_id, reports
-        rt.wait_caught_up(bg.check, timeout=600)
-    assert_mirror_equals_source(rt, table)
+    try:
+        with runtime(source_kit.ep, tmp_path, db, ["t"], server_id=7601, chunk_size=100,
+                     max_in_flight=8, kit=source_kit) as (rt, bg):
+            writer = Inserter(source_kit, db, "t", first_id=1501, existing=1500).start()
+            try:
+                time.sleep(2.0)  # the writer is well ahead when the capture starts
+                reports = capture_within(rt, bg, [table], deadline_s=900)
+            finally:
+                writer.stop()
+            assert writer.inserted > 500, f"the writer barely ran ({writer.inserted} rows)"
+            assert reports[0].rows_selected < writer.next_id, reports
+            rt.wait_caught_up(bg.check, timeout=600)
+            assert_mirror_equals_source(rt, table)
+    finally:
+        source_kit.drop(db)
 
 
 def test_capture_of_an_empty_table_ends_while_rows_arrive(
-    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, tmp_path: Path
 ) -> None:
     """The table is empty when the capture fixes its range's upper bound; rows arrive from
     then on. The range ends with one chunk; the log brings the rest."""
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = id_table(services, 0)
+    db = id_table(source_kit, 0)
     table = TableId(db, "t")
-    with runtime(services, tmp_path, db, ["t"], server_id=7602, chunk_size=20) as (rt, bg):
-        writer = Inserter(services, db, "t", first_id=1, existing=0)
-        started: list[bool] = []
+    try:
+        with runtime(source_kit.ep, tmp_path, db, ["t"], server_id=7602, chunk_size=20,
+                     kit=source_kit) as (rt, bg):
+            _empty_table_capture(rt, bg, source_kit, db, table)
+            assert_mirror_equals_source(rt, table)
+    finally:
+        source_kit.drop(db)
 
-        def start_writer_once_the_bound_is_fixed() -> None:
-            ends = time.monotonic() + 300
-            while time.monotonic() < ends:
-                for capture in rt.state.list_captures():
-                    cid = capture.value.capture_id
-                    if any(rt.state.get(bounds_path(cid, rid)) is not None
-                           for rid in rt.state.list_ranges(cid)):
-                        writer.start()
-                        started.append(True)
-                        return
-                time.sleep(0.05)
 
-        watcher = threading.Thread(target=start_writer_once_the_bound_is_fixed, daemon=True)
-        watcher.start()
-        try:
-            reports = capture_within(rt, bg, [table], deadline_s=300)
-            time.sleep(3.0)  # rows keep arriving after the capture
-        finally:
-            watcher.join(310)
-            if started:
-                writer.stop()
-        assert started, "the capture never fixed its range's upper bound"
-        assert reports[0].chunks == 1, reports
-        assert writer.inserted > 20, f"the writer barely ran ({writer.inserted} rows)"
-        rt.wait_caught_up(bg.check, timeout=600)
-    assert_mirror_equals_source(rt, table)
+def _empty_table_capture(rt: Runtime, bg: BackgroundTailer, kit: SourceKit, db: str,
+                         table: TableId) -> None:
+    writer = Inserter(kit, db, "t", first_id=1, existing=0)
+    started: list[bool] = []
+
+    def start_writer_once_the_bound_is_fixed() -> None:
+        ends = time.monotonic() + 300
+        while time.monotonic() < ends:
+            for capture in rt.state.list_captures():
+                cid = capture.value.capture_id
+                if any(rt.state.get(bounds_path(cid, rid)) is not None
+                       for rid in rt.state.list_ranges(cid)):
+                    writer.start()
+                    started.append(True)
+                    return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=start_writer_once_the_bound_is_fixed, daemon=True)
+    watcher.start()
+    try:
+        reports = capture_within(rt, bg, [table], deadline_s=300)
+        time.sleep(3.0)  # rows keep arriving after the capture
+    finally:
+        watcher.join(310)
+        if started:
+            writer.stop()
+    assert started, "the capture never fixed its range's upper bound"
+    assert reports[0].chunks == 1, reports
+    assert writer.inserted > 20, f"the writer barely ran ({writer.inserted} rows)"
+    rt.wait_caught_up(bg.check, timeout=600)
 
 
 # ---- 2. TIMESTAMP keys and the host's time zone ---------------------------------------------
@@ -432,7 +463,7 @@ def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it
     """With no tailer emitting, a stop ends the capture at once (its windows stay open, not
     for ``emission_timeout_s``); the next run settles them and finishes."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = id_table(services, 300)
+    db = id_table(MariaDbKit(services), 300)
     table = TableId(db, "t")
     with runtime(services, tmp_path, db, ["t"], server_id=7608, chunk_size=50,
                  max_in_flight=2) as (rt, bg):
