@@ -1,6 +1,7 @@
 """A running tailer picks up a table added to the config: no gap and no duplicate for the
 table it already served (writers run throughout), the new table captures, all verify; a
-config naming a missing table is reported and ignored."""
+config naming a missing table is reported and ignored. Part of the contract suite (on
+PostgreSQL the added table joins the publication when the tailer switches to it)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,11 @@ from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.follow import FollowSummary, tail_following_config
 from pipeline.runtime import open_runtime
-from pipeline.sample import Workload, config_dict, create_schema
-from pipeline.services import Endpoints
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
-
-KEYS = {"accounts": ("id",), "orders": ("region", "order_no")}
-
 
 def wait_for(what: str, done: Any, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
@@ -36,15 +33,21 @@ def wait_for(what: str, done: Any, timeout: float = 120.0) -> None:
 
 
 def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"follow_{uuid.uuid4().hex[:6]}"
-    create_schema(services, db, accounts=300, orders=200, seed=5)
+    db = source_kit.create("follow", accounts=300, orders=200, seed=5)
+    source = f"follow-{uuid.uuid4().hex[:6]}"
+    try:
+        _follow(source_kit, spark, tmp_path, db, source)
+    finally:
+        source_kit.forget(source)
+        source_kit.drop(db)
+
+
+def _follow(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str, source: str) -> None:
     path = tmp_path / "dblog.yaml"
-    data = config_dict(source=f"follow-{uuid.uuid4().hex[:6]}", ep=services,
-                       tables=[f"{db}.accounts"], lake=tmp_path / "lake", chunk_size=400,
-                       batch_seconds=0.5)
+    data = source_kit.config_data(source=source, db=db, tables=[f"{db}.accounts"],
+                                  lake=tmp_path / "lake", chunk_size=400, batch_seconds=0.5)
     path.write_text(yaml.safe_dump(data))
     notices: list[str] = []
     stop = threading.Event()
@@ -64,7 +67,7 @@ def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
 
         thread = threading.Thread(target=follow, daemon=True)
         thread.start()
-        workload = Workload(services, db, 5, pause_s=0.02).start()
+        workload = source_kit.workload(db, 5, pause_s=0.02)
         try:
             rt.wait_started(alive)
             capturer = rt.capturer()
@@ -99,5 +102,7 @@ def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
         for table in ("accounts", "orders"):
             report = verify_table(rt.dialect, rt.sink, TableId(db, table))
             assert report.ok, report.summary()
-            check_table(spark, services, db, table, KEYS[table],
-                        rt.layout.changelog(TableId(db, table)))
+            check_table(spark, source_kit.ep, db, table, KEYS[table],
+                        rt.layout.changelog(TableId(db, table)),
+                        expected_rows=source_kit.rows(db, table))
+        rt.state.delete("", recursive=True)

@@ -476,3 +476,80 @@ def test_an_idle_tailer_is_caught_up_after_a_wal_segment_switch(
     finally:
         drop_replication(pg_env, name)
         pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_a_dropped_and_recreated_table_is_reset_and_flagged_for_a_capture(
+        pg_env: Endpoints, spark: Any, tmp_path: Path) -> None:
+    """PostgreSQL drops a table from its publications without a word in the log, and the
+    table made again under its name is in none. Whether the tailer runs or not when that
+    happens, the table is published again, the lake table is emptied at that point of the
+    log, the rows written before it are flagged for a capture, and the capture repairs."""
+    from rich.console import Console
+
+    from pipeline.status import render_status
+
+    schema = f"drop_pg_{uuid.uuid4().hex[:6]}"
+    qt = f'"{schema}".t'
+    create = [f"CREATE TABLE {qt} (id int PRIMARY KEY, v int)",
+              f"ALTER TABLE {qt} REPLICA IDENTITY FULL"]
+
+    def recreate(row: int) -> None:  # one transaction: the check sees all of it or none
+        pg_execute(pg_env, "BEGIN", f"DROP TABLE {qt}", *create,
+                   f"INSERT INTO {qt} VALUES ({row}, {row})", "COMMIT")
+
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"', *create,
+               f"INSERT INTO {qt} SELECT i, i FROM generate_series(1, 3) i")
+    name = f"pgdrop-{uuid.uuid4().hex[:6]}"
+    config = pg_config(pg_env, name=name, tables=[f"{schema}.t"], lake=tmp_path / "lake")
+    table = TableId(schema, "t")
+
+    def status(rt: Any) -> str:
+        console = Console(width=200, record=True)
+        render_status(rt, console)
+        return console.export_text()
+
+    def lake(rt: Any) -> tuple[set[int], int]:
+        mirror = {r["id"] for r in spark.read.format("delta").load(rt.layout.mirror(table))
+                  .collect()}
+        resets = (spark.read.format("delta").load(rt.layout.changelog(table))
+                  .where("op = 't'").count())
+        return mirror, resets
+
+    def capture(rt: Any, bg: BackgroundTailer) -> None:
+        capturer = rt.capturer()
+        capturer.health_check = bg.check
+        assert [r.status for r in capturer.run(capturer.plan(CaptureRequest((table,))))] \
+            == ["done"]
+        rt.wait_caught_up(bg.check)
+
+    try:
+        with open_runtime(config, spark=spark) as rt:
+            with BackgroundTailer(rt.tailer()) as bg:
+                rt.wait_started(bg.check)
+                capture(rt, bg)
+                # Dropped and made again while the tailer runs; row 10 lands before dblog
+                # publishes the new table, row 11 after.
+                recreate(10)
+                deadline = time.monotonic() + 60
+                while lake(rt)[1] < 1:
+                    bg.check()
+                    assert time.monotonic() < deadline, "the dropped table was never reset"
+                    time.sleep(0.5)
+                pg_execute(pg_env, f"INSERT INTO {qt} VALUES (11, 11)")
+                rt.wait_caught_up(bg.check)
+                assert lake(rt) == ({11}, 1)
+                assert "repair advised" in status(rt)
+                capture(rt, bg)
+            report = verify_table(rt.dialect, rt.sink, table)
+            assert report.ok, report.summary()
+            assert "repair advised" not in status(rt)
+        # Dropped and made again while nothing runs: the next start resets it.
+        recreate(20)
+        with open_runtime(config, spark=spark) as rt:
+            rt.tailer().run(until_caught_up=True)
+            assert lake(rt) == (set(), 2)
+            assert "repair advised" in status(rt)
+            rt.state.delete("", recursive=True)
+    finally:
+        drop_replication(pg_env, name)
+        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

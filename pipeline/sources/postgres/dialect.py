@@ -16,6 +16,7 @@ from pipeline.events import Key, Position, TableId
 from pipeline.sources.base import ChunkSpec, TableSchema
 from pipeline.sources.postgres.connection import PostgresSettings, connect, translate
 from pipeline.sources.postgres.pgoutput import lsn_text
+from pipeline.sources.postgres.publication import RESETS_TABLE, bookkeeping_ddl, sync_publication
 from pipeline.sources.postgres.schema import key_columns, load_table_schema
 from pipeline.sources.postgres.snapshot import (
     build_chunk_sql,
@@ -33,7 +34,6 @@ SLOT_GENERATIONS = "slot_generation"
 T = TypeVar("T")
 WATERMARK_LENGTH = 36
 INITIAL_WATERMARK = "00000000-0000-0000-0000-000000000000"
-MANAGED = "managed by dblog: tables are added as the configuration lists them"
 _END_OF_RECORDS = (
     "SELECT CASE WHEN mod(lsn, seg) = 40 THEN lsn - 40 WHEN mod(lsn, blk) = 24 THEN lsn - 24"
     " ELSE lsn END FROM (SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint AS lsn,"
@@ -141,49 +141,23 @@ class PostgresDialect:
                     " value varchar(36) NOT NULL, written_at timestamptz)")
                 cur.execute(f"INSERT INTO {table} (id, value) VALUES (1, %s)"  # noqa: S608 - quoted
                             " ON CONFLICT (id) DO NOTHING", (INITIAL_WATERMARK,))
+                for ddl in bookkeeping_ddl(self.settings.watermark_schema):
+                    cur.execute(ddl)
 
         self._run(create, "creating the watermark table")
         for configured in self.settings.tables:  # a clear refusal before any publication
             self.table_schema(configured)
-        self._ensure_publication()
+        self.sync_publication()
         self._ensure_slot()
 
-    def _ensure_publication(self) -> None:
-        name = self.settings.publication_name
-        wanted = [*self.settings.tables, self.watermark_table]
-        found = self._query(
-            "SELECT obj_description(oid, 'pg_publication'), pubinsert AND pubupdate AND"
-            " pubdelete AND pubtruncate FROM pg_publication WHERE pubname = %s", (name,),
-            "reading the publication")
-        listed = ", ".join(quote_table(t) for t in wanted)
-        if not found:
-            try:
-                self._query(f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE {listed}",
-                            doing="creating the publication")
-                self._query(f"COMMENT ON PUBLICATION {quote_ident(name)} IS %s", (MANAGED,),
-                            "creating the publication")
-            except SourceError as exc:
-                if "already exists" not in str(exc):
-                    raise
-            return
-        comment, every_action = found[0]
-        have = {TableId(str(s), str(t)) for s, t in self._query(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-            (name,), "reading the publication")}
-        missing = [t for t in wanted if t not in have]
-        if missing and comment == MANAGED:
-            self._query(f"ALTER PUBLICATION {quote_ident(name)} ADD TABLE "
-                        + ", ".join(quote_table(t) for t in missing),
-                        doing="adding tables to the publication")
-        elif missing:
-            raise SourceError(
-                f"publication {name!r} on {self.settings.address} lacks "
-                f"{', '.join(map(str, missing))}: run ALTER PUBLICATION {quote_ident(name)} "
-                f"ADD TABLE {', '.join(quote_table(t) for t in missing)}")
-        if not every_action:
-            raise SourceError(f"publication {name!r} does not publish every insert, update, "
-                              f"delete and truncate: ALTER PUBLICATION {quote_ident(name)} "
-                              "SET (publish = 'insert, update, delete, truncate')")
+    def sync_publication(self, tables: Sequence[TableId] = ()) -> list[str]:
+        """Keep the configured tables (and ``tables``) in the publication and reset any
+        whose relation changed (:mod:`pipeline.sources.postgres.publication`); returns
+        the resets."""
+        always = [self.watermark_table, TableId(self.settings.watermark_schema, RESETS_TABLE)]
+        wanted = list(dict.fromkeys([*self.settings.tables, *tables]))
+        return self._run(lambda conn: sync_publication(conn, self.settings, wanted, always),
+                         "keeping the publication")
 
     def _slot(self) -> tuple[str, int | None, str | None, str | None] | None:
         """The slot's plugin, confirmed position, WAL status and database (None: no slot)."""
@@ -320,7 +294,11 @@ class PostgresDialect:
         # Of the same slot, a confirmed position past ``start`` is psycopg2 confirming
         # keepalive positions once every change received was confirmed: the WAL in between
         # holds no change of the publication, and the server resumes after it.
-        return PostgresLogReader(self.settings, {"lsn": lsn, "slot": generation}, tables)
+        # A table the tailer serves beyond the configuration it started with (`tail
+        # --follow-config`) joins the publication now; its changes are published from here.
+        self.sync_publication(tables)
+        return PostgresLogReader(self.settings, {"lsn": lsn, "slot": generation}, tables,
+                                 check_relations=lambda: self.sync_publication(tables))
 
     # -- chunks ---------------------------------------------------------------------------
 

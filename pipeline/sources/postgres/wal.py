@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import select
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from pipeline.sources.postgres.connection import (
     connect_replication,
     translate,
 )
+from pipeline.sources.postgres.publication import RESETS_TABLE
 from pipeline.sources.postgres.types import (
     Converter,
     canonical_type,
@@ -52,6 +53,8 @@ from pipeline.sources.postgres.types import (
 )
 
 WATERMARK_TABLE = "watermark"
+RELATION_CHECK_S = 5.0
+"""How often the reader has the publication checked for dropped or re-created tables."""
 log = logging.getLogger(__name__)
 
 
@@ -75,6 +78,8 @@ class _Plan:
     converters: tuple[Converter | None, ...]
     key_index: tuple[int, ...]
     watermark: bool
+    resets: bool = False
+    """The rows are resets of tables (:mod:`pipeline.sources.postgres.publication`)."""
 
 
 KEY_AND_NULLS_SQL = """
@@ -91,10 +96,14 @@ class PostgresLogReader:
     """A :class:`pipeline.sources.base.LogReader` over one replication slot."""
 
     def __init__(self, settings: PostgresSettings, start: Mapping[str, Any],
-                 tables: Iterable[TableId]) -> None:
+                 tables: Iterable[TableId],
+                 check_relations: Callable[[], object] | None = None) -> None:
         self._settings = settings
         self._tracked = frozenset(tables)
         self._watermark = TableId(settings.watermark_schema, WATERMARK_TABLE)
+        self._resets = TableId(settings.watermark_schema, RESETS_TABLE)
+        self._check_relations = check_relations
+        self._next_check = time.monotonic() + RELATION_CHECK_S
         self._boundary = native_lsn(start)
         self._slot_generation = start.get("slot")
         self._conn: Any = None
@@ -195,6 +204,9 @@ class PostgresLogReader:
                 self._open()
             cur = self._cur
             while len(out) < max_transactions:
+                if self._check_relations is not None and time.monotonic() >= self._next_check:
+                    self._check_relations()  # a reset it writes arrives later in the log
+                    self._next_check = time.monotonic() + RELATION_CHECK_S
                 if self._confirm > self._sent_confirm:
                     cur.send_feedback(flush_lsn=self._confirm)
                     self._sent_confirm = self._confirm
@@ -243,7 +255,7 @@ class PostgresLogReader:
         if isinstance(msg, po.Truncate):
             for oid in msg.relations:
                 plan = self._plans.get(oid)
-                if plan is not None and not plan.watermark:
+                if plan is not None and not plan.watermark and not plan.resets:
                     self._items.append(SchemaChange(plan.table, "TRUNCATE", self._next(), True))
             return None
         return None
@@ -268,6 +280,12 @@ class PostgresLogReader:
     def _on_relation(self, msg: po.Relation) -> None:
         table = TableId(msg.namespace, msg.name)
         watermark = table == self._watermark
+        if table == self._resets:
+            schema = TableSchema(table, tuple(Column(c.name, "STRING") for c in msg.columns),
+                                 ())
+            self._plans[msg.oid] = _Plan(table, schema, tuple(None for _ in msg.columns), (),
+                                         watermark=False, resets=True)
+            return
         if not watermark and table not in self._tracked:
             log.info("relation %s (oid %d) is not captured", table, msg.oid)
             self._plans[msg.oid] = None
@@ -339,6 +357,9 @@ class PostgresLogReader:
                 raise SourceError(f"a row of relation {msg.relation} came before its "
                                   "relation message")
             return
+        if plan.resets:
+            self._on_reset(plan, msg)
+            return
         if plan.watermark:
             if isinstance(msg, po.Delete):
                 return
@@ -378,6 +399,21 @@ class PostgresLogReader:
                                            None, ts))
             self._items.append(ChangeEvent(table, Op.CREATE, new_key, self._next(), None,
                                            after, ts))
+
+    def _on_reset(self, plan: _Plan, msg: po.Insert | po.Update | po.Delete) -> None:
+        """A configured table's relation changed: its lake table is emptied here and a
+        capture is advised (the rows written before this point are in no log)."""
+        if not isinstance(msg, po.Insert):
+            return
+        row = self._decode(plan, msg.new, None)
+        table = TableId(str(row["schema_name"]), str(row["table_name"]))
+        if row.get("publication") != self._settings.publication_name or \
+                table not in self._tracked:
+            return
+        self._known.pop(table, None)
+        reason = str(row["reason"])
+        self._items.append(SchemaChange(table, reason, self._next(), resets_rows=True))
+        self._items.append(SchemaChange(table, reason, self._next(), rewrites_rows=True))
 
     def _commit(self, msg: po.Commit) -> Transaction | None:
         items, touched, ts = self._items, self._touched, self._ts_ms
