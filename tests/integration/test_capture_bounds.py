@@ -234,12 +234,12 @@ class Inserter:
 def test_capture_ends_while_rows_keep_arriving_at_the_end_of_the_key_space(
     source_kit: SourceKit, tmp_path: Path
 ) -> None:
-    db = id_table(source_kit, 1500)
+    db = id_table(source_kit, 1000)
     table = TableId(db, "t")
     try:
         with runtime(source_kit.ep, tmp_path, db, ["t"], server_id=7601, chunk_size=100,
                      max_in_flight=8, kit=source_kit) as (rt, bg):
-            writer = Inserter(source_kit, db, "t", first_id=1501, existing=1500).start()
+            writer = Inserter(source_kit, db, "t", first_id=1001, existing=1000).start()
             try:
                 time.sleep(2.0)  # the writer is well ahead when the capture starts
                 reports = capture_within(rt, bg, [table], deadline_s=900)

@@ -50,7 +50,7 @@ def _damage_found_and_repaired(source_kit: SourceKit, spark: Any, tmp_path: Path
     path = source_kit.config(tmp_path / "dblog.yaml", source=source, db=db,
                              lake=tmp_path / "lake", chunk_size=600, batch_seconds=0.5,
                              chunk_max_rows=2000,
-                             tables=[f"{db}.accounts", f"{db}.orders", f"{db}.{typed_name}"])
+                             tables=[f"{db}.accounts", f"{db}.{typed_name}"])
     accounts, typed = TableId(db, "accounts"), TableId(db, typed_name)
     with open_runtime(load_config(path), spark=spark) as rt:
         with BackgroundTailer(rt.tailer()) as bg:
