@@ -22,7 +22,31 @@ def services() -> Endpoints:
     from pipeline import services as svc
 
     svc.up()
-    return svc.endpoints()
+    endpoints = svc.endpoints()
+    _drop_abandoned_slots(endpoints)
+    return endpoints
+
+
+def _drop_abandoned_slots(ep: Endpoints) -> None:
+    """Replication slots that killed test runs left on the local PostgreSQL keep its WAL
+    forever: drop the inactive ``dblog_`` ones (not the demo's) before a run. Only one
+    test run uses the local services at a time."""
+    import warnings
+
+    from pipeline.sample_pg import pg_connect
+
+    conn = pg_connect(ep)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT slot_name, pg_drop_replication_slot(slot_name)"
+                        " FROM pg_replication_slots WHERE NOT active"
+                        r" AND slot_name LIKE 'dblog\_%' AND slot_name NOT LIKE 'dblog\_demo%'")
+            dropped = [row[0] for row in cur.fetchall()]
+    finally:
+        conn.close()
+    if dropped:
+        warnings.warn(f"dropped replication slots abandoned by earlier runs: {dropped}",
+                      stacklevel=1)
 
 
 @pytest.fixture(scope="session")
