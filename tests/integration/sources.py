@@ -9,6 +9,8 @@ pipeline's readers), writes a pipeline configuration and cleans up after a sourc
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -129,8 +131,28 @@ class SourceKit(Protocol):
         (edge values, all NULLs, empty and zero values, plain values); returns its name."""
         ...
 
+    def cleaned(self, db: str, prefix: str) -> AbstractContextManager[str]:
+        """A new source name (``<prefix>-<random>``); on exit what the source left in the
+        database and the schema ``db`` are dropped."""
+        ...
 
-class _WritesConfig:
+
+class _KitBase:
+    def forget(self, source: str) -> None:
+        raise NotImplementedError
+
+    def drop(self, db: str) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def cleaned(self, db: str, prefix: str) -> Iterator[str]:
+        source = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        try:
+            yield source
+        finally:
+            self.forget(source)
+            self.drop(db)
+
     def config_data(self, *, source: str, db: str, lake: Path,
                     tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
         raise NotImplementedError
@@ -142,7 +164,7 @@ class _WritesConfig:
         return path
 
 
-class MariaDbKit(_WritesConfig):
+class MariaDbKit(_KitBase):
     kind = "mariadb"
 
     def __init__(self, ep: Endpoints) -> None:
@@ -214,7 +236,7 @@ class MariaDbKit(_WritesConfig):
         return "typed"
 
 
-class PostgresKit(_WritesConfig):
+class PostgresKit(_KitBase):
     kind = "postgres"
 
     def __init__(self, ep: Endpoints) -> None:

@@ -108,12 +108,8 @@ def test_verify_status_pause_resume(
     """Part of the contract suite (runs for every source database): pause, status, resume,
     verify, and repair captures of chosen keys and of a WHERE filter."""
     db = source_kit.simple_table("cli", 600)
-    source = f"cli-{uuid.uuid4().hex[:8]}"
-    try:
+    with source_kit.cleaned(db, "cli") as source:
         _verify_status_pause_resume(source_kit, spark, tmp_path, capsys, db, source)
-    finally:
-        source_kit.forget(source)
-        source_kit.drop(db)
 
 
 def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Path,

@@ -4,7 +4,6 @@ suite: it runs for every source database."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +52,8 @@ def test_kill_and_restart(
 ) -> None:
     crashes = crashes or SMOKE[source_kit.kind]
     db = source_kit.create("crash", accounts=accounts, orders=orders, seed=5)
-    source = f"crash-{uuid.uuid4().hex[:8]}"
-    try:
+    with source_kit.cleaned(db, "crash") as source:
         _kill_and_restart(source_kit, spark, tmp_path, db, source, crashes, chunk_size)
-    finally:
-        source_kit.forget(source)
-        source_kit.drop(db)
 
 
 def _kill_and_restart(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str,

@@ -79,12 +79,8 @@ def test_backfill_ranges_while_the_tailer_job_runs(
     source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
     db = source_kit.create("dg", accounts=500, orders=300, seed=11)
-    source = f"dg-{uuid.uuid4().hex[:6]}"
-    try:
+    with source_kit.cleaned(db, "dg") as source:
         _backfill_ranges_while_the_tailer_job_runs(source_kit, spark, tmp_path, db, source)
-    finally:
-        source_kit.forget(source)
-        source_kit.drop(db)
 
 
 def _backfill_ranges_while_the_tailer_job_runs(

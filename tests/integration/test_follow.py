@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,8 @@ def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
     source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
     db = source_kit.create("follow", accounts=300, orders=200, seed=5)
-    source = f"follow-{uuid.uuid4().hex[:6]}"
-    try:
+    with source_kit.cleaned(db, "follow") as source:
         _follow(source_kit, spark, tmp_path, db, source)
-    finally:
-        source_kit.forget(source)
-        source_kit.drop(db)
 
 
 def _follow(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str, source: str) -> None:

@@ -6,7 +6,6 @@ database."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,9 @@ def test_checksums_agree_then_damage_is_found_and_repaired_by_range(
     source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
     db = source_kit.create("repair", accounts=600, orders=200, seed=9)
-    typed_name = source_kit.create_typed(db)
-    source = f"repair-{uuid.uuid4().hex[:6]}"
-    try:
+    with source_kit.cleaned(db, "repair") as source:
+        typed_name = source_kit.create_typed(db)
         _damage_found_and_repaired(source_kit, spark, tmp_path, db, typed_name, source)
-    finally:
-        source_kit.forget(source)
-        source_kit.drop(db)
 
 
 def _damage_found_and_repaired(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str,
