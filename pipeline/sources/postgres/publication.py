@@ -85,7 +85,8 @@ def sync_publication(conn: Any, settings: PostgresSettings, tables: Sequence[Tab
                 relid = current.get(table)
                 if table not in recorded:  # newly configured: its history starts now
                     if relid is not None:
-                        missing += [] if table in have else [table]
+                        if table not in have:
+                            missing.append(table)
                         _record(cur, relations, name, table, relid)
                     continue
                 before = recorded[table]
