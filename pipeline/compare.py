@@ -62,6 +62,15 @@ def _plain_decimal(col: Column, scale: int) -> Column:
 
 
 def _text(col: Column, spark_type: str) -> Column:
+    if spark_type.startswith("ARRAY<"):
+        element = spark_type[6:-1]
+
+        def piece(e: Column) -> Column:
+            text = _text(e, element)
+            return F.when(e.isNull(), F.lit("N")).otherwise(
+                F.concat(F.lit("V"), F.length(text).cast("string"), F.lit(":"), text))
+
+        return F.concat_ws(",", F.transform(col, piece))
     if spark_type.startswith("DECIMAL("):
         scale = int(spark_type[:-1].split(",")[1])
         return _plain_decimal(col, scale)

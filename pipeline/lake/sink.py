@@ -43,6 +43,7 @@ from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
     coerce,
     column_of,
+    contains_type,
     needs_coercion,
     quote_ident,
     spark_type,
@@ -422,7 +423,7 @@ class DeltaSink:
     def _features_for(types: Sequence[T.DataType], names: Sequence[str]) -> dict[str, str]:
         """Table features an ALTER introducing these columns/types needs enabled first."""
         props: dict[str, str] = {}
-        if any(isinstance(t, T.TimestampNTZType) for t in types):
+        if any(contains_type(t, T.TimestampNTZType) for t in types):
             props.update(TIMESTAMP_NTZ_FEATURE)  # Delta requires enabling it by hand
         if needs_column_mapping(names):
             props.update(COLUMN_MAPPING)

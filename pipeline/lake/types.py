@@ -37,7 +37,16 @@ def spark_type(name: str) -> T.DataType:
     match = _DECIMAL.match(upper)
     if match:
         return T.DecimalType(int(match.group(1)), int(match.group(2)))
+    if upper.startswith("ARRAY<") and upper.endswith(">"):
+        return T.ArrayType(spark_type(upper[6:-1]), True)
     raise ValueError(f"unknown canonical column type {name!r}")
+
+
+def contains_type(dtype: T.DataType, kind: type[T.DataType]) -> bool:
+    """Whether ``dtype`` is, or has elements of, ``kind``."""
+    if isinstance(dtype, T.ArrayType):
+        return contains_type(dtype.elementType, kind)
+    return isinstance(dtype, kind)
 
 
 def quote_ident(name: str) -> str:

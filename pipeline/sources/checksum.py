@@ -6,10 +6,11 @@ from __future__ import annotations
 from pipeline.sources.base import TableSchema
 
 UNCOMPARED_TYPES = frozenset({"FLOAT", "DOUBLE"})
-"""Canonical types left out of the checksum (compared through the row count only): their
-text forms differ between the engines."""
+"""Canonical types left out of the checksum (compared through the row count only), alone or as
+array elements: their text forms differ between the engines."""
 
 
 def checksum_columns(schema: TableSchema) -> list[str]:
     """The columns a checksum covers, in table order."""
-    return [c.name for c in schema.columns if c.spark_type not in UNCOMPARED_TYPES]
+    return [c.name for c in schema.columns
+            if c.spark_type.removeprefix("ARRAY<").removesuffix(">") not in UNCOMPARED_TYPES]

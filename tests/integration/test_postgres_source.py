@@ -7,8 +7,10 @@ the contract suite (``source_kit``).
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from pipeline.errors import ConfigError, LogPurgedError, SourceError
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.services import Endpoints
+from pipeline.sources.base import ChunkSpec
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
 from tests.integration.pg import (
@@ -60,13 +63,19 @@ def test_types_hostile_names_and_toast_through_capture_and_tail(
         ' "n""q" numeric(12,3), un numeric, r real, d double precision, ok boolean,'
         " t text, v varchar(10), ch char(4), by bytea, day date, tm time, ts timestamp,"
         " tz timestamptz, iv interval, u uuid, j json, jb jsonb, arr int[], tarr text[],"
-        " m mood, big text)",
+        " m mood, big text, narr numeric(6,2)[], tzarr timestamptz[], darr date[],"
+        " barr boolean[], byarr bytea[], uarr uuid[], farr double precision[],"
+        " earr bigint[], marr mood[], ivarr interval[])",
         f"ALTER TABLE {qual} REPLICA IDENTITY FULL",
         f"INSERT INTO {qual} VALUES (1, -3, 9007199254740993, -12.345, 'NaN', 'Infinity',"
         " 'NaN', true, 'ünï ✓', 'vv', 'ab', '\\x00ff', '2024-02-29', '12:34:56.789',"
         " '2024-01-02 03:04:05.678901', '2024-01-02 03:04:05+02', '1 year 2 days 00:00:01',"
         " 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": [1, 2]}', '{\"k\": [1, 2]}',"
-        " '{1,NULL,3}', '{\"x y\",z}', 'happy', repeat('B', 20000))",
+        " '{1,NULL,3}', '{\"x y\",z,NULL,\"NULL\",\"\",\"q\\\"b\\\\\"}', 'happy',"
+        " repeat('B', 20000), '{1.5,NULL,-2}', '{\"2024-01-02 03:04:05.5+02\",NULL}',"
+        " '{2024-02-29}', '{t,f,NULL}', '{\"\\\\x00ff\",NULL}',"
+        " '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}', '{1.5,NaN,-Infinity}', '{}',"
+        " '{ok,sad}', '{\"1 day\"}')",
         f"INSERT INTO {qual} (\"Id\") VALUES (2)",
     )
     tid = TableId(schema, table)
@@ -85,7 +94,8 @@ def test_types_hostile_names_and_toast_through_capture_and_tail(
                     pg_env,
                     f"UPDATE {qual} SET c = c + 1 WHERE \"Id\" = 1",  # big: unchanged TOAST
                     f"INSERT INTO {qual} SELECT 3, \"a b\", c, \"n\"\"q\", un, r, d, ok, t, v,"
-                    f" ch, by, day, tm, ts, tz, iv, u, j, jb, arr, tarr, m, big FROM {qual}"
+                    f" ch, by, day, tm, ts, tz, iv, u, j, jb, arr, tarr, m, big, narr, tzarr,"
+                    f" darr, barr, byarr, uarr, farr, earr, marr, ivarr FROM {qual}"
                     " WHERE \"Id\" = 1",
                     f"UPDATE {qual} SET \"Id\" = 4 WHERE \"Id\" = 2",
                 )
@@ -110,7 +120,17 @@ def test_types_hostile_names_and_toast_through_capture_and_tail(
             assert row["un"] == "NaN" and row["r"] == float("inf")
             assert row["d"] != row["d"]  # NaN kept
             assert row["iv"] == "P1Y2DT1S" and row["tm"] == "12:34:56.789"
-            assert row["arr"] == "{1,NULL,3}" and row["m"] == "happy" and row["ch"] == "ab  "
+            assert row["arr"] == [1, None, 3] and row["m"] == "happy" and row["ch"] == "ab  "
+            assert row["tarr"] == ["x y", "z", None, "NULL", "", 'q"b\\']
+            assert row["narr"] == [Decimal("1.50"), None, Decimal("-2.00")]
+            assert row["tzarr"] == [dt.datetime(2024, 1, 2, 1, 4, 5, 500000), None]
+            assert row["darr"] == [dt.date(2024, 2, 29)] and row["barr"] == [True, False, None]
+            assert row["byarr"] == [b"\x00\xff", None] and row["earr"] == []
+            assert row["uarr"] == ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]
+            assert row["farr"][0] == 1.5 and row["farr"][2] == float("-inf")
+            assert row["marr"] == "{ok,sad}" and row["ivarr"] == ["P1D"]
+            assert mirror[1] == {**row, "Id": 1} | {
+                k: mirror[1][k] for k in ("farr", "d", "_dblog_lsn", "_dblog_seq")}
             assert row["by"] == b"\x00\xff" and row["t"] == "ünï ✓"
             assert str(row["n\"q"]) == "-12.345" and row["c"] == 9007199254740994
             assert mirror[4]["t"] is None
@@ -126,7 +146,12 @@ def test_bad_input_is_refused_clearly(pg_env: Endpoints, spark: Any, tmp_path: P
                f'CREATE TABLE "{schema}".nokey (a int)',
                f'CREATE TABLE "{schema}".partial (id int PRIMARY KEY, v text)',
                f'CREATE TABLE "{schema}".good (id int PRIMARY KEY, v text)',
-               f'ALTER TABLE "{schema}".good REPLICA IDENTITY FULL')
+               f'ALTER TABLE "{schema}".good REPLICA IDENTITY FULL',
+               f'CREATE TABLE "{schema}".arrkey (k int[] PRIMARY KEY)',
+               f'ALTER TABLE "{schema}".arrkey REPLICA IDENTITY FULL',
+               f'CREATE TABLE "{schema}".shape (id int PRIMARY KEY, a int[])',
+               f'ALTER TABLE "{schema}".shape REPLICA IDENTITY FULL',
+               f"""INSERT INTO "{schema}".shape VALUES (1, '{{{{1,2}},{{3,4}}}}')""")
     names: list[str] = []
 
     def config(table: str) -> Any:
@@ -144,6 +169,25 @@ def test_bad_input_is_refused_clearly(pg_env: Endpoints, spark: Any, tmp_path: P
         with pytest.raises(SourceError, match="not found"), \
                 open_runtime(config("missing"), spark=spark):
             pass
+        with pytest.raises(SourceError, match=r"array columns \['k'\] in its primary key"), \
+                open_runtime(config("arrkey"), spark=spark):
+            pass
+        # An array the lake's ARRAY cannot hold stops a capture and the tailer, column named.
+        with open_runtime(config("shape"), spark=spark) as rt:
+            shape = TableId(schema, "shape")
+            chunk = rt.dialect.read_chunk(spark, ChunkSpec(shape, 10),
+                                          rt.dialect.table_schema(shape))
+            with pytest.raises(Exception, match=r'column "a" holds an array that is not one-d'):
+                chunk.collect()
+            log = rt.dialect.open_log(rt.dialect.head_position(), [shape])
+            try:
+                pg_execute(pg_env, f"""INSERT INTO "{schema}".shape VALUES (2, '[0:1]={{5,6}}')""")
+                with pytest.raises(SourceError, match=r"shape column 'a': an array with explicit"
+                                   r" bounds \[0:1\] cannot be held by the lake's ARRAY<INT>"):
+                    for _ in range(20):
+                        log.read(max_transactions=10, max_wait_s=0.5)
+            finally:
+                log.close()
         good = config("good")
         with open_runtime(good, spark=spark) as rt:
             start = rt.dialect.head_position()

@@ -426,6 +426,8 @@ ALL_TYPES = TableSchema(TABLE, (
     Column("dec", "DECIMAL(38,10)"), Column("f", "FLOAT"), Column("d", "DOUBLE"),
     Column("s", "STRING"), Column("bin", "BINARY"), Column("day", "DATE"),
     Column("ts", "TIMESTAMP"), Column("ntz", "TIMESTAMP_NTZ"),
+    Column("a_ntz", "ARRAY<TIMESTAMP_NTZ>"), Column("a_dec", "ARRAY<DECIMAL(6,2)>"),
+    Column("a_s", "ARRAY<STRING>"),
 ), ("id",))
 
 
@@ -444,11 +446,13 @@ def test_every_canonical_type_round_trips_exactly_through_changelog_and_mirror(
          "dec": Decimal("-1234567890123456789012345678.0123456789"), "f": 1.5,
          "d": -1.7976931348623157e308, "s": "naïve ☃ 🚀 'q' \"dq\" \\", "bin": b"\x00\xff\x00",
          "day": date(1000, 1, 1), "ts": datetime(1970, 1, 1, 0, 0, 1, 123456, tzinfo=UTC),
-         "ntz": datetime(9999, 12, 31, 23, 59, 59, 999999)},
+         "ntz": datetime(9999, 12, 31, 23, 59, 59, 999999),
+         "a_ntz": [datetime(1000, 1, 1), None], "a_dec": [Decimal("-9999.99"), None],
+         "a_s": ["", None, "☃"]},
         {"id": 2, "b": False, "i8": 127, "i16": -32768, "i64": 2**63 - 1, "u64": Decimal(0),
          "dec": Decimal("0E-10"), "f": -0.0, "d": 5e-324, "s": "", "bin": b"",
          "day": date(9999, 12, 31), "ts": datetime(2038, 1, 19, 3, 14, 8, tzinfo=UTC),
-         "ntz": datetime(1000, 1, 1)},
+         "ntz": datetime(1000, 1, 1), "a_ntz": [], "a_dec": [], "a_s": []},
         {"id": 3, **{c.name: None for c in ALL_TYPES.columns[1:]}},
     ]
     events = [ChangeEvent(TABLE, Op.CREATE, (v["id"],), Position(100 + v["id"]), after=v)

@@ -19,7 +19,9 @@ from pipeline.sources.postgres.types import (
     canonical_type,
     converter,
     numeric_modifier,
+    parse_array,
     source_type_name,
+    type_oid,
 )
 
 
@@ -113,3 +115,51 @@ def test_identifiers_are_quoted() -> None:
         quote_ident("")
     with pytest.raises(ConfigError):
         literal(float("nan"))
+
+
+def _array_out(items: list[str | None]) -> str:
+    """An array as PostgreSQL's ``array_out`` writes it (``utils/adt/arrayfuncs.c``)."""
+    def element(item: str | None) -> str:
+        if item is None:
+            return "NULL"
+        if (item == "" or item.upper() == "NULL"
+                or any(c in item for c in '{},"\\ \t\n\r\v\f')):
+            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return item
+    return "{" + ",".join(element(i) for i in items) + "}"
+
+
+@given(st.lists(st.none() | st.text()))
+def test_array_text_parses_back_to_its_elements(items: list[str | None]) -> None:
+    assert parse_array(_array_out(items)) == items
+
+
+def test_arrays_map_to_delta_arrays_of_their_element_type() -> None:
+    assert canonical_type(1007, -1) == "ARRAY<INT>"
+    numeric_62 = (6 << 16 | 2) + 4
+    assert canonical_type(1231, numeric_62) == "ARRAY<DECIMAL(6,2)>"
+    assert source_type_name(1231, numeric_62) == "numeric(6,2)[]"
+    assert type_oid("numeric(6,2)[]") == 1231 and type_oid("timestamptz[]") == 1185
+    assert canonical_type(1115, -1) == "ARRAY<TIMESTAMP_NTZ>"
+    assert canonical_type(16400, -1) == "STRING"  # an enum's array: its text
+    to_list = converter("ARRAY<DECIMAL(6,2)>")
+    assert to_list is not None and to_list("{1.50,NULL,-2.00}") == \
+        [Decimal("1.50"), None, Decimal("-2.00")]
+    to_bytes = converter("ARRAY<BINARY>")
+    assert to_bytes is not None and to_bytes('{"\\\\x00ff",NULL}') == [b"\x00\xff", None]
+    to_text = converter("ARRAY<STRING>")
+    assert to_text is not None and to_text('{"NULL",NULL,""}') == ["NULL", None, ""]
+
+
+@pytest.mark.parametrize("text", ["{{1,2},{3,4}}", "[0:1]={1,2}", "[1:1][1:2]={{1,2}}"])
+def test_arrays_the_lake_cannot_hold_are_refused_with_their_shape(text: str) -> None:
+    to_list = converter("ARRAY<INT>")
+    assert to_list is not None
+    with pytest.raises(SourceError, match="one-dimensional arrays indexed from 1"):
+        to_list(text)
+
+
+@pytest.mark.parametrize("text", ["1,2", "{1,2", '{"a}', "{a,,b}", '{a"b}', "{a}b}"])
+def test_malformed_array_text_is_an_error(text: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - the reader adds table and column
+        parse_array(text)

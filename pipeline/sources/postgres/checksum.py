@@ -15,7 +15,14 @@ from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 
 
 def _text(col_sql: str, spark_type: str, source_type: str) -> str:
-    """SQL text of a value as Spark prints its canonical form."""
+    """SQL text of a value as Spark prints its canonical form (an array: its elements'
+    texts, each ``N`` or ``V<length>:<text>``, ``,``-joined; ``compare.row_text``)."""
+    if spark_type.startswith("ARRAY<"):
+        element = _text("_dblog_e", spark_type[6:-1], source_type[:-2])
+        piece = ("CASE WHEN _dblog_e IS NULL THEN 'N' ELSE "
+                 f"'V' || char_length({element}) || ':' || {element} END")
+        return (f"array_to_string(ARRAY(SELECT {piece} FROM unnest({col_sql}) WITH ORDINALITY"  # noqa: S608 - quoted identifiers only
+                " AS _dblog_a(_dblog_e, _dblog_n) ORDER BY _dblog_n), ',')")
     if spark_type == "BINARY":
         return f"upper(encode({col_sql}, 'hex'))"
     if spark_type == "TIMESTAMP":

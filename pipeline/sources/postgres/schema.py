@@ -48,12 +48,22 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
     if not key:
         raise SourceError(f"table {table} has no primary key: dblog needs one to capture it "
                           "(add a primary key)")
+    refuse_array_keys(table, columns, key)
     if need_full_identity and rows[0][1] != "f":
         raise SourceError(
             f"table {table} does not have REPLICA IDENTITY FULL: dblog needs full before "
             "images and unchanged TOASTed values from the log; run ALTER TABLE "
             f"{_quoted(table)} REPLICA IDENTITY FULL")
     return TableSchema(table, columns, key)
+
+
+def refuse_array_keys(table: TableId, columns: tuple[Column, ...], key: tuple[str, ...]
+                      ) -> None:
+    """SourceError when a primary key column is an array (the lake orders keys as scalars)."""
+    arrays = [c.name for c in columns if c.name in key and c.spark_type.startswith("ARRAY<")]
+    if arrays:
+        raise SourceError(f"table {table} has array columns {arrays} in its primary key: "
+                          "dblog captures scalar keys only (key the table on other columns)")
 
 
 def key_columns(conn: Any, table: TableId) -> list[tuple[str, int, int, str | None]]:

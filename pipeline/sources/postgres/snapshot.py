@@ -11,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.events import Key
 from pipeline.sources.base import ChunkSpec, Column, TableSchema
 from pipeline.sources.postgres.sqltext import literal, quote_ident, quote_table
-from pipeline.sources.postgres.types import TEMPORAL, projection
+from pipeline.sources.postgres.types import TEMPORAL, element_type, projection
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -104,7 +104,13 @@ def canonical_frame(df: DataFrame, columns: Sequence[Column]) -> DataFrame:
     for name, col in zip(temp, columns, strict=True):
         data_type = spark_data_type(col.spark_type)
         column = F.col(name)
-        cast = column.try_cast(data_type) if col.spark_type in TEMPORAL else column.cast(data_type)
+        element = element_type(col.spark_type)
+        if element == "BINARY":  # elements came as hex text
+            cast = F.transform(column, lambda e: F.unhex(e))
+        elif col.spark_type in TEMPORAL or element in TEMPORAL:
+            cast = column.try_cast(data_type)
+        else:
+            cast = column.cast(data_type)
         selected.append(cast.alias(col.name))
     return df.select(*selected)
 

@@ -21,8 +21,13 @@ bytea                              BINARY
 interval                           STRING              ISO 8601 ('P1DT2H')
 time, timetz                       STRING              '12:34:56.5', '12:34:56+02'
 char(n)                            STRING              blank-padded, as stored
-text, varchar, uuid, json, jsonb,  STRING              the server's text form ('{1,2}' for
-enums, arrays, anything else                           an integer array)
+text, varchar, uuid, json, jsonb,  STRING              the server's text form
+enums, anything else
+an array of a type above           ARRAY<element>      one-dimensional, indexed from 1;
+                                                       NULL elements kept; any other shape
+                                                       is refused (the tailer or capture
+                                                       stops and names the column)
+an array of another type (enum[])  STRING              the server's text form ('{a,b}')
 =================================  ==================  =====================================
 
 Every connection (log and chunk selects) runs with :data:`SESSION_SETTINGS`, so text forms
@@ -62,6 +67,14 @@ _NAMES = {
 _SIMPLE = {BOOL: "BOOLEAN", BYTEA: "BINARY", INT2: "SMALLINT", INT4: "INT", INT8: "BIGINT",
            FLOAT4: "FLOAT", FLOAT8: "DOUBLE", DATE: "DATE", TIMESTAMP: "TIMESTAMP_NTZ",
            TIMESTAMPTZ: "TIMESTAMP"}
+ARRAYS = {
+    1000: BOOL, 1001: BYTEA, 1016: INT8, 1005: INT2, 1007: INT4, 1009: TEXT, 1021: FLOAT4,
+    1022: FLOAT8, 1014: BPCHAR, 1015: VARCHAR, 1182: DATE, 1183: TIME, 1115: TIMESTAMP,
+    1185: TIMESTAMPTZ, 1187: INTERVAL, 1270: TIMETZ, 1231: NUMERIC, 2951: UUID, 199: JSON,
+    3807: JSONB,
+}
+"""Built-in array types (OID) captured as Delta arrays, and their element type (OID). A
+column's type modifier applies to its elements (``numeric(6,2)[]``)."""
 MAX_DECIMAL_PRECISION = 38
 TEMPORAL = frozenset({"DATE", "TIMESTAMP", "TIMESTAMP_NTZ"})
 
@@ -81,6 +94,9 @@ def numeric_modifier(typmod: int) -> tuple[int, int] | None:
 def source_type_name(oid: int, typmod: int) -> str:
     """The column's source type as recorded in ``Column.source_type``: the name with its
     modifier, and the OID (``text-like oid 16385`` for types outside the table above)."""
+    element = ARRAYS.get(oid)
+    if element is not None:
+        return source_type_name(element, typmod) + "[]"
     name = _NAMES.get(oid)
     if name is None:
         return f"text-like oid {oid}"
@@ -96,6 +112,9 @@ def type_oid(source_type: str) -> int:
     """The OID a ``source_type_name`` names."""
     if source_type.startswith("text-like oid "):
         return int(source_type.rsplit(" ", 1)[1])
+    if source_type.endswith("[]"):
+        element = type_oid(source_type[:-2])
+        return next(oid for oid, elem in ARRAYS.items() if elem == element)
     base = source_type.split("(")[0]
     for oid, name in _NAMES.items():
         if name == base:
@@ -105,6 +124,9 @@ def type_oid(source_type: str) -> int:
 
 def canonical_type(oid: int, typmod: int) -> str:
     """The canonical (Spark DDL) type of a column."""
+    element = ARRAYS.get(oid)
+    if element is not None:
+        return f"ARRAY<{canonical_type(element, typmod)}>"
     simple = _SIMPLE.get(oid)
     if simple is not None:
         return simple
@@ -178,8 +200,82 @@ _CONVERTERS: dict[str, Converter] = {
 }
 
 
+def element_type(spark_type: str) -> str | None:
+    """The element type of a canonical ``ARRAY<...>`` type; None for any other type."""
+    if spark_type.startswith("ARRAY<") and spark_type.endswith(">"):
+        return spark_type[6:-1]
+    return None
+
+
+class ArrayShapeError(ValueError):
+    """An array value the lake's one-dimensional ARRAY type cannot hold as it is."""
+
+
+def parse_array(text: str) -> list[str | None]:
+    """The elements of a one-dimensional array in PostgreSQL's output form (``{1,NULL,"a
+    b"}``): element texts, None for NULL. ArrayShapeError for more dimensions or a lower
+    bound other than 1 (``[0:1]={1,2}``); ValueError for malformed text."""
+    if text.startswith("["):
+        raise ArrayShapeError(f"an array with explicit bounds {text.split('=', 1)[0]}")
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"not an array: {text[:40]!r}")
+    body, i, n = text[1:-1], 0, len(text) - 2
+    out: list[str | None] = []
+    if n == 0:
+        return []
+    if body.startswith("{"):
+        raise ArrayShapeError("a multi-dimensional array")
+    while True:
+        if i < n and body[i] == '"':
+            chars: list[str] = []
+            i += 1
+            while i < n and body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                if i < n:
+                    chars.append(body[i])
+                    i += 1
+            if i >= n:
+                raise ValueError("an unterminated quoted array element")
+            out.append("".join(chars))
+            i += 1
+        else:
+            end = body.find(",", i)
+            end = n if end < 0 else end
+            word = body[i:end]
+            if not word or any(c in word for c in '"{}'):
+                raise ValueError(f"a malformed array element {word!r}")
+            out.append(None if word == "NULL" else word)
+            i = end
+        if i == n:
+            return out
+        if body[i] != ",":
+            raise ValueError(f"a malformed array after element {len(out)}")
+        i += 1
+
+
+def _array_converter(element: str) -> Converter:
+    convert = converter(element)
+
+    def to_list(text: str) -> list[Any]:
+        try:
+            items = parse_array(text)
+        except ArrayShapeError as exc:
+            raise SourceError(f"{exc} cannot be held by the lake's ARRAY<{element}>, which "
+                              "holds one-dimensional arrays indexed from 1: store such "
+                              "values in that form, or change the column's type") from None
+        if convert is None:
+            return items
+        return [None if item is None else convert(item) for item in items]
+
+    return to_list
+
+
 def converter(spark_type: str) -> Converter | None:
     """Text (the server's output form) to the canonical Python value; None: keep the text."""
+    element = element_type(spark_type)
+    if element is not None:
+        return _array_converter(element)
     if spark_type.startswith("DECIMAL("):
         return _decimal
     return _CONVERTERS.get(spark_type)
@@ -187,7 +283,11 @@ def converter(spark_type: str) -> Converter | None:
 
 def projection(column_sql: str, source_type: str, spark_type: str) -> str:
     """The chunk-select expression whose JDBC value casts to the canonical value exactly as
-    the log's text converts: text forms for temporal types and text-like columns."""
+    the log's text converts: text forms for temporal types and text-like columns; an
+    array's elements each so (as a ``text[]``), and a clear error from the server for an
+    array the lake cannot hold (:func:`parse_array`)."""
+    if spark_type.startswith("ARRAY<"):
+        return _array_projection(column_sql, source_type, spark_type)
     if spark_type == "TIMESTAMP":
         return (f"to_char({column_sql} AT TIME ZONE 'UTC', "
                 "'YYYY-MM-DD HH24:MI:SS.US')")
@@ -200,6 +300,29 @@ def projection(column_sql: str, source_type: str, spark_type: str) -> str:
             return f"bpcharout({column_sql})::text"  # keeps the padding, as the log does
         return f"{column_sql}::text"
     return column_sql
+
+
+def _array_projection(column_sql: str, source_type: str, spark_type: str) -> str:
+    element_sql = projection("_dblog_e", source_type[:-2], spark_type[6:-1])
+    if spark_type == "ARRAY<BINARY>":
+        element_sql = "encode(_dblog_e, 'hex')"  # unhexed by the chunk's cast
+    elif "::text" not in element_sql and "to_char" not in element_sql:
+        element_sql = f"{element_sql}::text"
+    # A value the lake cannot hold fails the select with the column named: the cast of
+    # this message to integer cannot succeed, and names the value (its first 60 chars).
+    refusal = (f"ARRAY[('dblog: column ' || {sql_string(column_sql)} || ' holds an array "
+               "that is not one-dimensional from index 1; the lake''s ARRAY holds only "
+               f"those: ' || left({column_sql}::text, 60))::int::text]")
+    return (f"CASE WHEN {column_sql} IS NULL THEN NULL"  # noqa: S608 - quoted identifiers only
+            f" WHEN array_ndims({column_sql}) > 1 OR array_lower({column_sql}, 1) <> 1"
+            f" THEN {refusal}"
+            f" ELSE ARRAY(SELECT {element_sql} FROM unnest({column_sql})"
+            " WITH ORDINALITY AS _dblog_a(_dblog_e, _dblog_n) ORDER BY _dblog_n) END")
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a standard SQL string literal (single quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def spark_orders_like_source(oid: int, typmod: int, collation: str | None) -> bool:

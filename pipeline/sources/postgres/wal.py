@@ -45,6 +45,7 @@ from pipeline.sources.postgres.connection import (
     translate,
 )
 from pipeline.sources.postgres.publication import RESETS_TABLE
+from pipeline.sources.postgres.schema import refuse_array_keys
 from pipeline.sources.postgres.types import (
     Converter,
     canonical_type,
@@ -311,6 +312,7 @@ class PostgresLogReader:
                     f"table {table} has REPLICA IDENTITY {_IDENTITY.get(msg.replica_identity)}:"
                     " dblog needs full before images (and unchanged TOASTed values) from the "
                     f"log; run ALTER TABLE {table} REPLICA IDENTITY FULL")
+            refuse_array_keys(table, tuple(columns), key)
             missing = [k for k in key if k not in names]
             if missing:
                 raise SourceError(f"the log's columns of {table} lack key columns {missing}")
