@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import logging
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from pipeline.events import TableId
 
+log = logging.getLogger(__name__)
 
-def _segment(name: str) -> str:
-    """A path segment for any identifier (quotes, spaces, unicode, slashes are escaped)."""
+_KEPT = frozenset(string.ascii_letters + string.digits + "_-")
+_warned: set[Path] = set()
+
+
+def segment(name: str) -> str:
+    """A path segment for any identifier: ASCII letters, digits, ``_`` and ``-`` as they
+    are, ``.`` too except first; every other character as ``~XX`` per UTF-8 byte (``~``
+    itself included, so distinct names never share a segment). Never ``%``: delta-rs reads
+    ``%XX`` in a table's path as an escape and then cannot find the table's files."""
+    out = []
+    for i, ch in enumerate(name):
+        if ch in _KEPT or (ch == "." and i > 0):
+            out.append(ch)
+        else:
+            out.extend(f"~{byte:02X}" for byte in ch.encode())
+    return "".join(out) or "~"
+
+
+def _legacy_segment(name: str) -> str:
+    """The URL escaping of lakes written before :func:`segment` (still found and used)."""
     return quote(name, safe="") or "%00"
 
 
@@ -22,7 +43,17 @@ class LakeLayout:
     source: str
 
     def table_dir(self, table: TableId) -> Path:
-        return self.root / _segment(self.source) / _segment(table.database) / _segment(table.table)
+        names = (self.source, table.database, table.table)
+        current = self.root.joinpath(*map(segment, names))
+        legacy = self.root.joinpath(*map(_legacy_segment, names))
+        if legacy != current and legacy.exists() and not current.exists():
+            if legacy not in _warned:
+                _warned.add(legacy)
+                log.warning("%s is in its older, URL-escaped lake path %s, which delta-rs cannot "
+                            "read; rename the directory to %s to fix that", table, legacy,
+                            current)
+            return legacy
+        return current
 
     def changelog(self, table: TableId) -> str:
         return str(self.table_dir(table) / "changelog")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql import types as T
 
+from pipeline.events import TableId
+from pipeline.lake.layout import LakeLayout, segment
 from pipeline.lake.sink import table_properties, widens
 from pipeline.lake.types import coerce, needs_coercion
 
@@ -47,3 +52,24 @@ def test_widening_rules() -> None:
     assert widens(T.FloatType(), T.DoubleType())
     assert widens(T.DecimalType(10, 2), T.DecimalType(12, 2))
     assert not widens(T.DecimalType(10, 2), T.DecimalType(10, 1))
+
+
+@given(st.text(), st.text())
+def test_lake_path_segments_are_distinct_plain_and_never_escapes_delta_rs_decodes(
+        a: str, b: str) -> None:
+    for name in (a, b):
+        seg = segment(name)
+        assert seg and seg.isascii() and seg not in (".", "..")
+        assert not any(c in seg for c in "%/\\: \"'")
+    assert (segment(a) == segment(b)) == (a == b)
+
+
+def test_a_lake_written_with_url_escaped_paths_is_still_found(tmp_path: Path) -> None:
+    layout = LakeLayout(tmp_path, "src")
+    odd = TableId("my db", "t")
+    assert layout.table_dir(odd) == tmp_path / "src" / "my~20db" / "t"
+    assert layout.table_dir(TableId("shop", "items")) == tmp_path / "src" / "shop" / "items"
+    (tmp_path / "src" / "my%20db" / "t").mkdir(parents=True)
+    assert layout.table_dir(odd) == tmp_path / "src" / "my%20db" / "t"
+    (tmp_path / "src" / "my~20db" / "t").mkdir(parents=True)  # renamed by the operator
+    assert layout.table_dir(odd) == tmp_path / "src" / "my~20db" / "t"
