@@ -1,17 +1,19 @@
 """PostgreSQL capture speed: ``dblog capture`` of one table against a plain Spark JDBC dump
-of it, on an idle source (the MariaDB bench, ``bench_capture``, also runs with writers).
+of it, on an idle source and with writers at ``--writers-tps`` single-row transactions/s
+on the same table (as ``bench_capture`` does for MariaDB).
 
 Creates a table of ``--rows`` rows (ten columns of several types, ~150 bytes/row, generated
-on the server), then, in one process and one SparkSession:
+on the server), then, in one process and one SparkSession, per variant:
 
 * baseline: ``spark.read.jdbc`` of the whole table (4 JDBC partitions by primary key)
   written to a new Delta table;
 * dblog: a capture of the table run to the end as ``dblog capture`` runs it (an in-process
-  background tailer, the product's default chunk sizing and tail settings).
+  background tailer, the product's default chunk sizing and tail settings; a new source
+  name, so a new slot and lake, per variant).
 
 Prints rows/s of each and dblog / baseline, writes ``bench/results/pg-capture.json``.
 
-    .venv/bin/python -m bench.bench_pg_capture [--rows 1000000] [--smoke]
+    .venv/bin/python -m bench.bench_pg_capture [--rows 1000000] [--writers-tps 500] [--smoke]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bench.common import (
     RESULTS_DIR,
     Profile,
     lake_dir,
+    paced_writer,
     print_table,
     record_batches,
     remove_lake,
@@ -85,12 +88,15 @@ def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--writers-tps", type=float, default=500.0,
+                        help="the writers variant's single-row transactions/s (0: skip it)")
     parser.add_argument("--capture-timeout", type=float, default=1800.0)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.smoke:
         args.rows, args.capture_timeout = 5000, 120.0
+        args.writers_tps = min(args.writers_tps, 50.0)
     output = args.output or RESULTS_DIR / (
         "pg-capture-smoke.json" if args.smoke else "pg-capture.json")
 
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     services.up()
     ep = services.endpoints()
     rid = run_id()
-    schema, name = f"bench_pgcap_{rid}", f"pgcap-{rid}"
+    schema = f"bench_pgcap_{rid}"
     print(f"pg capture bench {rid}: {args.rows:,} rows in {schema}.items", flush=True)
     began = time.perf_counter()
     create(ep, schema, args.rows)
@@ -112,40 +118,60 @@ def main(argv: list[str] | None = None) -> int:
     cur.execute(f"SELECT pg_total_relation_size('\"{schema}\".items')")
     table_bytes = int(cur.fetchone()[0])
     spark = build_spark_session()
-    cfg = config(ep, name, schema)
     results: list[dict[str, Any]] = []
+    variants = [("idle", 0.0)] + ([("writers", args.writers_tps)]
+                                  if args.writers_tps > 0 else [])
+    names = [f"pgcap-{rid}-{variant}" for variant, _ in variants]
+    next_id = args.rows + 1
     try:
-        with open_runtime(cfg, spark=spark) as rt:
-            try:
-                warm = lake_dir(f"warm-{rid}") / "t"
-                baseline(spark, rt.dialect, schema, min(args.rows, 2000), warm)
-                base = baseline(spark, rt.dialect, schema, args.rows,
-                                lake_dir(f"baseline-{rid}") / "t")
-                print(f"    baseline {base}", flush=True)
-                run = dblog_capture(rt, f"{schema}.items", args.capture_timeout)
-                print(f"    dblog    {run}", flush=True)
-                results.append({"variant": "idle", "baseline": base, "dblog": run,
-                                "ratio": run["rows_per_s"] / base["rows_per_s"],
-                                "ratio_with_mirror": run["mirror_rows_per_s"]
-                                / base["rows_per_s"]})
-            finally:
-                rt.state.delete("", recursive=True)
+        warm = lake_dir(f"warm-{rid}") / "t"
+        for (variant, tps), name in zip(variants, names, strict=True):
+            with open_runtime(config(ep, name, schema), spark=spark) as rt:
+                try:
+                    if variant == "idle":
+                        baseline(spark, rt.dialect, schema, min(args.rows, 2000), warm)
+                    row: dict[str, Any] = {"variant": variant}
+                    for side in ("baseline", "dblog"):
+                        stats: dict[str, float] = {}
+                        with paced_writer(ep, schema, tps, args.rows, next_id, stats,
+                                          kind="postgres"):
+                            if side == "baseline":
+                                row[side] = baseline(
+                                    spark, rt.dialect, schema, args.rows,
+                                    lake_dir(f"baseline-{variant}-{rid}") / "t")
+                            else:
+                                row[side] = dblog_capture(rt, f"{schema}.items",
+                                                          args.capture_timeout)
+                        next_id += int(stats.get("transactions", 0)) + 1
+                        if stats:
+                            row[side]["writers"] = stats
+                        print(f"    {variant} {side} {row[side]}", flush=True)
+                    row["ratio"] = row["dblog"]["rows_per_s"] / row["baseline"]["rows_per_s"]
+                    row["ratio_with_mirror"] = (row["dblog"]["mirror_rows_per_s"]
+                                                / row["baseline"]["rows_per_s"])
+                    results.append(row)
+                finally:
+                    rt.state.delete("", recursive=True)
     finally:
-        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                    " WHERE slot_name = %s AND NOT active", (default_slot(name),))
-        cur.execute(f'DROP PUBLICATION IF EXISTS "{default_slot(name)}"')
+        for name in names:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                        " WHERE slot_name = %s AND NOT active", (default_slot(name),))
+            cur.execute(f'DROP PUBLICATION IF EXISTS "{default_slot(name)}"')
         cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         conn.close()
-        for lake in (name, f"warm-{rid}", f"baseline-{rid}"):
+        for lake in (*names, f"warm-{rid}", *(f"baseline-{v}-{rid}" for v, _ in variants)):
             remove_lake(lake)
     print()
     print_table(
-        ["variant", "baseline rows/s", "dblog rows/s", "dblog / baseline", "dblog s",
-         "+ mirror s", "with mirror / baseline", "chunks", "complete"],
-        [[r["variant"], r["baseline"]["rows_per_s"], r["dblog"]["rows_per_s"], r["ratio"],
+        ["variant", "writers tx/s", "baseline rows/s", "dblog rows/s", "dblog / baseline",
+         "dblog s", "+ mirror s", "with mirror / baseline", "chunks", "complete"],
+        [[r["variant"], r["dblog"].get("writers", {}).get("achieved_tps", 0.0),
+          r["baseline"]["rows_per_s"], r["dblog"]["rows_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["mirror_seconds"], r["ratio_with_mirror"],
           r["dblog"]["chunks"], r["dblog"]["complete"]] for r in results])
-    path = write_results(output, "pg-capture", {"rows": args.rows, "smoke": args.smoke},
+    path = write_results(output, "pg-capture",
+                         {"rows": args.rows, "writers_tps": args.writers_tps,
+                          "smoke": args.smoke},
                          results, {"table": {"rows": args.rows, "bytes": table_bytes,
                                              "generate_seconds": round(generate_s, 1)}})
     print(f"results: {path}")

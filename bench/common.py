@@ -110,14 +110,34 @@ def drop_database(ep: Endpoints, db: str) -> None:
 # ---- a paced writer in its own process (no GIL shared with the pipeline) ------------------
 
 
+def _writer_statements(kind: str, db: str) -> tuple[str, str]:
+    """The writer's INSERT (one parameter: the id) and UPDATE (note, id) on ``db``'s items
+    table: a MariaDB database, or a PostgreSQL schema (``kind`` ``postgres``)."""
+    if kind == "postgres":
+        from bench.bench_pg_tail import row_exprs as pg_row_exprs
+
+        table = '"' + db.replace('"', '""') + '".items'
+        row = pg_row_exprs("v.x").replace("%", "%%")  # its modulo, not a parameter
+        return (f"INSERT INTO {table} SELECT {row} FROM (SELECT %s::bigint AS x) v",  # noqa: S608
+                f"UPDATE {table} SET amount = amount + 1, score = score * 1.01, "  # noqa: S608
+                "status = (ARRAY['paid', 'shipped', 'new'])[1 + id %% 3], note = %s "
+                "WHERE id = %s")
+    return (f"INSERT INTO {q(TABLE)} ({COLUMNS}) SELECT {row_exprs('x')} "  # noqa: S608
+            "FROM (SELECT %s AS x) s",
+            f"UPDATE {q(TABLE)} SET amount = amount + 1, score = score * 1.01, "  # noqa: S608
+            "status = ELT(1 + MOD(id, 3), 'paid', 'shipped', 'new'), note = %s WHERE id = %s")
+
+
 def _writer_main(ep: Endpoints, db: str, tps: float, existing: int, first_new: int,
-                 seed: int, stop: Any, done: Any) -> None:
+                 seed: int, stop: Any, done: Any, kind: str = "mariadb") -> None:
     rng = random.Random(seed)
-    conn = connect(ep, db)
-    insert = (f"INSERT INTO {q(TABLE)} ({COLUMNS}) SELECT {row_exprs('x')} "  # noqa: S608
-              "FROM (SELECT %s AS x) s")
-    update = (f"UPDATE {q(TABLE)} SET amount = amount + 1, score = score * 1.01, "  # noqa: S608
-              "status = ELT(1 + MOD(id, 3), 'paid', 'shipped', 'new'), note = %s WHERE id = %s")
+    if kind == "postgres":
+        from bench.bench_pg_tail import connect as pg_connect
+
+        conn = pg_connect(ep)
+    else:
+        conn = connect(ep, db)
+    insert, update = _writer_statements(kind, db)
     began = time.monotonic()
     n = 0
     next_id = first_new
@@ -141,7 +161,8 @@ def _writer_main(ep: Endpoints, db: str, tps: float, existing: int, first_new: i
 @dataclass
 class PacedWriter:
     """Single-row autocommit writes (80% updates of existing rows, 20% inserts of new ids) at
-    ``tps`` transactions/s in a child process."""
+    ``tps`` transactions/s in a child process, to the items table of MariaDB database ``db``
+    or (``kind`` ``postgres``) of PostgreSQL schema ``db``."""
 
     ep: Endpoints
     db: str
@@ -149,6 +170,7 @@ class PacedWriter:
     existing: int
     first_new: int
     seed: int = 7
+    kind: str = "mariadb"
 
     def __post_init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -157,7 +179,7 @@ class PacedWriter:
         self._proc = ctx.Process(
             target=_writer_main, daemon=True,
             args=(self.ep, self.db, self.tps, self.existing, self.first_new, self.seed,
-                  self._stop, self._done),
+                  self._stop, self._done, self.kind),
         )
         self._began = 0.0
         self._first = 0
@@ -189,12 +211,12 @@ class PacedWriter:
 
 @contextmanager
 def paced_writer(ep: Endpoints, db: str, tps: float, existing: int, first_new: int,
-                 stats: dict[str, float]) -> Iterator[None]:
+                 stats: dict[str, float], kind: str = "mariadb") -> Iterator[None]:
     """Run a :class:`PacedWriter` for the block (nothing when ``tps`` is 0); fills ``stats``."""
     if tps <= 0:
         yield
         return
-    writer = PacedWriter(ep, db, tps, existing, first_new).start()
+    writer = PacedWriter(ep, db, tps, existing, first_new, kind=kind).start()
     try:
         yield
     finally:

@@ -76,5 +76,9 @@ def test_postgres_benches_smoke(services: Endpoints, spark: SparkSession,
         assert row[side]["row_events"] == 2000 and row[side]["row_events_per_s"] > 0
     out = tmp_path / "pg-capture.json"
     assert bench_pg_capture.main(["--smoke", "--output", str(out)]) == 0
-    (row,) = _load(out, "pg-capture")["results"]
-    assert row["dblog"]["complete"] and row["dblog"]["rows"] == 5000 and row["ratio"] > 0
+    idle, writers = _load(out, "pg-capture")["results"]
+    assert (idle["variant"], writers["variant"]) == ("idle", "writers")
+    assert idle["dblog"]["rows"] == 5000 and writers["dblog"]["rows"] >= 5000
+    assert writers["dblog"]["writers"]["transactions"] > 0
+    for row in (idle, writers):
+        assert row["dblog"]["complete"] and row["ratio"] > 0

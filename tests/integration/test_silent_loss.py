@@ -18,6 +18,7 @@ from pipeline.sample import config_dict, connect
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
 from tests.integration.helpers import execute, make_db, run_dblog
+from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration
 
@@ -40,51 +41,56 @@ def wait_lock_free(config: Path, timeout: float = 60) -> None:
 
 
 def test_a_crash_after_the_delta_write_loses_no_later_transaction(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
     """The batch intent ended after an untracked transaction; on replay the next tracked
     transaction joined the crashed batch, Delta skipped it as already written."""
-    pw = services.mariadb_password
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
-    db = make_db(services, prefix="loss", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
-                            "CREATE TABLE {db}.u (id INT PRIMARY KEY)"])
-    cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7901)
-    with open_runtime(load_config(cfg), spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-    execute(services, db, "INSERT INTO t VALUES (1, 1)", "INSERT INTO u VALUES (1)")
-    code, _ = run_dblog(cfg, "tail", "--until-caught-up", password=pw, fault="tail.after_delta:1")
-    assert code == -9
-    execute(services, db, "INSERT INTO t VALUES (3, 3)")
-    wait_lock_free(cfg)
-    with open_runtime(load_config(cfg), spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)  # the replay of the crashed batch, and on
-        report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
-        assert report.ok, report.summary()
+    db = source_kit.simple_table("loss", 0)
+    untracked = source_kit.qualified(db, "u")
+    source_kit.run_sql(db, f"CREATE TABLE {untracked} (id INT PRIMARY KEY)")
+    with source_kit.cleaned(db, "loss") as source:
+        cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
+                                lake=tmp_path / "lake", tables=[f"{db}.t"], chunk_size=50,
+                                batch_seconds=0.3, poll_seconds=0.2)
+        with open_runtime(load_config(cfg), spark=spark) as rt:
+            rt.tailer().run(until_caught_up=True)
+        source_kit.run_sql(db, "INSERT INTO {t} VALUES (1, 'v1')",
+                           f"INSERT INTO {untracked} VALUES (1)")  # noqa: S608
+        code, _ = run_dblog(cfg, "tail", "--until-caught-up", password=source_kit.password,
+                            fault="tail.after_delta:1")
+        assert code == -9
+        source_kit.run_sql(db, "INSERT INTO {t} VALUES (3, 'v3')")
+        wait_lock_free(cfg)
+        with open_runtime(load_config(cfg), spark=spark) as rt:
+            rt.tailer().run(until_caught_up=True)  # the replay of the crashed batch, and on
+            report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
+            assert report.ok, report.summary()
+            assert len(source_kit.rows(db, "t", ("id",))) == 2
+            rt.state.delete("", recursive=True)
 
 
 def test_tail_from_head_keeps_every_later_change(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
-    """`tail --from-head` restarted batch numbers at 0 while the lake held higher ones:
+    """``tail --from-head`` restarted batch numbers at 0 while the lake held higher ones:
     Delta skipped every later batch as already written."""
-    pw = services.mariadb_password
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", pw)
-    db = make_db(services, prefix="loss", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
-    cfg = write_cfg(tmp_path / "c.yaml", services, [f"{db}.t"], server_id=7902)
-    config = load_config(cfg)
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        for i in range(1, 6):  # a few batches in the lake
-            execute(services, db, f"INSERT INTO t VALUES ({i}, {i})")  # noqa: S608
+    db = source_kit.simple_table("loss", 0)
+    with source_kit.cleaned(db, "loss") as source:
+        cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
+                                lake=tmp_path / "lake", tables=[f"{db}.t"], chunk_size=50,
+                                batch_seconds=0.3, poll_seconds=0.2)
+        with open_runtime(load_config(cfg), spark=spark) as rt:
             rt.tailer().run(until_caught_up=True)
-    code, out = run_dblog(cfg, "tail", "--from-head", "--until-caught-up", password=pw)
-    assert code == 0 and "capture" in out
-    execute(services, db, "UPDATE t SET v = v + 100", "INSERT INTO t VALUES (10, 10)",
-            "INSERT INTO t VALUES (11, 11)")
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
-        assert report.ok, report.summary()
+            for i in range(1, 6):  # a few batches in the lake
+                source_kit.run_sql(db, f"INSERT INTO {{t}} VALUES ({i}, 'v{i}')")  # noqa: S608
+                rt.tailer().run(until_caught_up=True)
+            rt.tailer().run(until_caught_up=True, reset_to_head=True)  # `tail --from-head`
+            source_kit.run_sql(db, "UPDATE {t} SET v = CONCAT('w', v)", "INSERT INTO {t} VALUES "
+                               "(10, 'v10')", "INSERT INTO {t} VALUES (11, 'v11')")
+            rt.tailer().run(until_caught_up=True)
+            report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
+            assert report.ok, report.summary()
+            rt.state.delete("", recursive=True)
 
 
 def sample_table(ep: Endpoints, rows: int = 0) -> str:
