@@ -34,7 +34,13 @@ from typing import Any
 import psycopg2
 import psycopg2.extras
 
-from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
+from pipeline.errors import (
+    ConfigError,
+    DblogError,
+    LogPurgedError,
+    SourceError,
+    SourceUnavailable,
+)
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
 from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
 from pipeline.sources.postgres import pgoutput as po
@@ -56,6 +62,14 @@ from pipeline.sources.postgres.types import (
 WATERMARK_TABLE = "watermark"
 RELATION_CHECK_S = 5.0
 """How often the reader has the publication checked for dropped or re-created tables."""
+RECONNECT_S = 30.0
+"""How long the reader reconnects, from its last commit, after a stream it had was lost
+(a server restart, a terminated walsender, a network cut) before it reports the source
+unavailable."""
+
+
+class SlotInUse(SourceError):
+    """Another connection streams the slot."""
 log = logging.getLogger(__name__)
 
 
@@ -115,6 +129,8 @@ class PostgresLogReader:
         self._confirm = 0
         self._sent_confirm = 0
         self._closed = False
+        self._streamed = False  # a stream was established once: a loss is worth retrying
+        self._lost_at: float | None = None
         self._reset_transaction()
 
     @property
@@ -154,9 +170,10 @@ class PostgresLogReader:
                 options={"proto_version": "1", "publication_names": s.publication_name},
                 status_interval=s.status_interval_s,
             )
+            self._streamed = True
         except psycopg2.errors.ObjectInUse as exc:
             self._drop()
-            raise SourceError(
+            raise SlotInUse(
                 f"replication slot {s.slot_name!r} on {s.address} is in use by another "
                 f"consumer ({str(exc).strip()}): stop it, or give this source its own "
                 "source.slot"
@@ -223,18 +240,44 @@ class PostgresLogReader:
                 txn = self._handle(po.parse(msg.payload))
                 if txn is not None:
                     out.append(txn)
+        except (SourceUnavailable, SlotInUse) as exc:  # reconnecting (the walsender of
+            # the lost stream may still be exiting and hold the slot)
+            if self._reconnecting(exc, out, deadline):
+                return out
+            raise
         except DblogError:
             self._drop()
             raise
         except Exception as exc:  # translated below
             self._drop()
-            if out:  # deliver what is complete; the error recurs on the next call
-                log.warning("the WAL stream failed after %d transactions (%s: %s); it "
-                            "reconnects at %s", len(out), type(exc).__name__, exc,
-                            po.lsn_text(self._boundary))
+            error = translate(exc, self._settings, "reading the WAL")
+            if isinstance(error, SourceUnavailable) and self._reconnecting(error, out,
+                                                                           deadline):
                 return out
-            raise translate(exc, self._settings, "reading the WAL") from exc
+            raise error from exc
+        self._lost_at = None
         return out
+
+    def _reconnecting(self, error: DblogError, out: list[Transaction], deadline: float
+                      ) -> bool:
+        """After a stream was lost: whether to go on (the next :meth:`read` reconnects at
+        the last commit; what is complete in ``out`` is delivered), until ``RECONNECT_S``
+        of failures in a row."""
+        self._drop()
+        if not self._streamed:
+            return False
+        now = time.monotonic()
+        if self._lost_at is None:
+            self._lost_at = now
+        if now - self._lost_at > RECONNECT_S:
+            self._lost_at = None
+            return False
+        log.warning("the WAL stream of slot %s failed after %d transactions (%s); it "
+                    "reconnects at %s", self._settings.slot_name, len(out), error,
+                    po.lsn_text(self._boundary))
+        if not out:
+            time.sleep(max(0.05, min(1.0, deadline - now)))
+        return True
 
     # -- messages -----------------------------------------------------------------------
 
