@@ -100,3 +100,42 @@ def test_status_lag_across_a_real_binlog_rotation(
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
         conn.close()
+
+
+@pytest.mark.integration
+def test_status_lag_across_a_wal_segment_switch(
+    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: the lag is the WAL between the position and the head, segments apart."""
+    from tests.integration.sources import PostgresKit
+
+    pg = PostgresKit(services)
+    monkeypatch.setenv(pg.password_env, pg.password)
+    schema = pg.simple_table("t_status", 0)
+    with pg.cleaned(schema, "status") as source:
+        config = parse_config(pg.config_data(source=source, db=schema, lake=tmp_path / "lake",
+                                             tables=[f"{schema}.t"]))
+        with open_runtime(config, validate=False) as rt:
+            rt.dialect.ensure_watermark_table()  # the slot, as a tailer's start makes it
+            start = dict(rt.dialect.head_position())
+            rt.state.put_position(
+                PositionState(rt.dialect.to_position(start), start, batch=0), ABSENT)
+            try:
+                pg.run_sql(schema, "INSERT INTO {t} VALUES (1, repeat('x', 20))",
+                           "SELECT pg_switch_wal()",
+                           "INSERT INTO {t} VALUES (2, repeat('y', 20))")
+                status = collect_status(rt)
+                assert status.head is not None
+                head, began = int(status.head["lsn"]), int(start["lsn"])
+                conn = pg.connect()
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pg_size_bytes(current_setting('wal_segment_size'))")
+                    segment = int(cur.fetchone()[0])
+                conn.close()
+                assert head // segment > began // segment  # the head is segments later
+                assert status.lag_bytes == head - began
+                out = io.StringIO()
+                render_status(rt, Console(file=out, width=200))
+                assert f"lag {head - began} bytes" in out.getvalue()
+            finally:
+                rt.state.delete("", recursive=True)
