@@ -36,7 +36,7 @@ DAGSTER_HOME_DIR := $(CURDIR)/.dblog/dagster
 dagster: services-up  ## the Dagster UI and daemon on http://127.0.0.1:3000 (config: $$DBLOG_CONFIG or the demo's)
 	@mkdir -p $(DAGSTER_HOME_DIR) && cp deploy/dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
 	@test -n "$$DBLOG_CONFIG" || test -f .dblog/demo/dblog.yaml || $(PY) -m pipeline.demo --config-only
-	@eval "$$($(PY) -m pipeline.cli services env)" && export DBLOG_MARIADB_PASSWORD && \
+	@eval "$$($(PY) -m pipeline.cli services env)" && export DBLOG_MARIADB_PASSWORD DBLOG_PG_PASSWORD && \
 		DAGSTER_HOME=$(DAGSTER_HOME_DIR) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean: services-down
