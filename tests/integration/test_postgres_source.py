@@ -672,3 +672,56 @@ def test_a_walsender_ended_mid_transaction_is_read_again_from_the_last_commit(
             finally:
                 reader.close()
             rt.state.delete("", recursive=True)
+
+
+def test_a_server_without_logical_wal_is_refused_with_the_settings_to_change(
+        pg_env: Endpoints, tmp_path: Path) -> None:
+    """A second, throwaway PostgreSQL 15 server with ``wal_level = replica`` and no
+    replication slots: the source refuses it, naming each setting and its fix."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    from pipeline.config import parse_config
+    from pipeline.runtime import make_dialect
+    from pipeline.services import PG_BIN
+    from tests.integration.sources import PostgresKit
+
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    home = Path(tempfile.mkdtemp(prefix="dblog-pg-replica-"))
+    if os.geteuid() == 0:
+        shutil.chown(home, "postgres", "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = home / "data"
+
+    def run(*argv: str) -> None:
+        done = subprocess.run([*as_postgres, *argv], capture_output=True, text=True,
+                              check=False, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    try:
+        run(str(PG_BIN / "initdb"), "-D", str(data), "-U", pg_env.user, "-A", "trust",
+            "-E", "UTF8", "--locale=C.UTF-8")
+        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(home / "log"), "-w", "-o",
+            f"-p {port} -k {home} -c listen_addresses=127.0.0.1 -c wal_level=replica"
+            " -c max_replication_slots=0 -c max_wal_senders=0", "start")
+        data_cfg = PostgresKit(pg_env).config_data(source="replica", db="public",
+                                                   lake=tmp_path / "lake", tables=["public.t"])
+        data_cfg["source"]["port"] = port
+        dialect = make_dialect(parse_config(data_cfg))
+        try:
+            with pytest.raises(SourceError) as refused:
+                dialect.validate()
+        finally:
+            dialect.close()
+        message = str(refused.value)
+        assert "wal_level is 'replica': set wal_level = logical" in message
+        assert "max_replication_slots is 0" in message
+    finally:
+        subprocess.run([*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m",
+                        "immediate", "stop"], capture_output=True, check=False, timeout=60)
+        shutil.rmtree(home, ignore_errors=True)
