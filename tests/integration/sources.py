@@ -20,6 +20,7 @@ from bench.common import drop_database
 from pipeline.sample import TABLES, Workload, config_dict, connect, create_schema, q
 from pipeline.sample_pg import create_pg_schema
 from pipeline.services import Endpoints
+from pipeline.sources.postgres.connection import default_slot
 from pipeline.sources.postgres.sqltext import quote_ident
 from tests.integration.checks import source_rows
 from tests.integration.pg import (
@@ -136,6 +137,15 @@ class SourceKit(Protocol):
         database and the schema ``db`` are dropped."""
         ...
 
+    def insert_range(self, db: str, first: int, last: int) -> str:
+        """One statement inserting ``(i, 'v<i>')`` for i in first..last into ``db``'s t."""
+        ...
+
+    def end_log_streams(self, source: str) -> int:
+        """End the server side of ``source``'s log connection (as a restart or a network
+        cut would); returns how many connections were ended."""
+        ...
+
 
 class _KitBase:
     def forget(self, source: str) -> None:
@@ -225,6 +235,28 @@ class MariaDbKit(_KitBase):
     def forget(self, source: str) -> None:
         del source  # a binlog reader leaves nothing on the server
 
+    def insert_range(self, db: str, first: int, last: int) -> str:
+        return (f"INSERT INTO {q(db)}.t SELECT seq, CONCAT('v', seq)"  # noqa: S608
+                f" FROM {q(db)}.seq_{int(first)}_to_{int(last)}")
+
+    def end_log_streams(self, source: str) -> int:
+        del source  # one source tails at a time here: every binlog dump is ours
+        conn = connect(self.ep)
+        ended = 0
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT id FROM information_schema.processlist"
+                            " WHERE command LIKE 'Binlog Dump%'")
+                for (thread,) in cur.fetchall():
+                    try:
+                        cur.execute(f"KILL CONNECTION {int(thread)}")
+                        ended += 1
+                    except Exception:  # noqa: BLE001 - it ended by itself meanwhile
+                        pass
+        finally:
+            conn.close()
+        return ended
+
     def create_typed(self, db: str) -> str:
         conn = connect(self.ep, db)
         with conn.cursor() as cur:
@@ -294,6 +326,21 @@ class PostgresKit(_KitBase):
 
     def forget(self, source: str) -> None:
         drop_replication(self.ep, source)
+
+    def insert_range(self, db: str, first: int, last: int) -> str:
+        return (f"INSERT INTO {quote_ident(db)}.t SELECT i, 'v' || i"  # noqa: S608
+                f" FROM generate_series({int(first)}, {int(last)}) i")
+
+    def end_log_streams(self, source: str) -> int:
+        conn = pg_connect(self.ep)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(pg_terminate_backend(active_pid)) FROM"
+                            " pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT"
+                            " NULL", (default_slot(source),))
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
 
     def create_typed(self, db: str) -> str:
         qs = f'"{db}"'
