@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,8 @@ from pipeline.config import PipelineConfig, parse_config
 from pipeline.sample_pg import PG_DATABASE, PgWorkload, pg_connect, pg_execute
 from pipeline.services import Endpoints
 
-__all__ = ["PG_DATABASE", "PgWorkload", "drop_replication", "pg_config", "pg_connect",
-           "pg_execute", "pg_rows"]
+__all__ = ["PG_DATABASE", "PgWorkload", "drop_replication", "dropped_after", "pg_config",
+           "pg_connect", "pg_execute", "pg_rows"]
 
 
 def pg_rows(ep: Endpoints, qualified: str, key: tuple[str, ...]
@@ -60,3 +62,14 @@ def drop_replication(ep: Endpoints, name: str) -> None:
             cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
     finally:
         conn.close()
+
+
+@contextmanager
+def dropped_after(ep: Endpoints, schema: str, source: str) -> Iterator[None]:
+    """On exit, drop what pipeline source ``source`` left on the server (slot,
+    publication) and the scratch schema ``schema``."""
+    try:
+        yield
+    finally:
+        drop_replication(ep, source)
+        pg_execute(ep, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

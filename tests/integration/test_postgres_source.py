@@ -28,6 +28,7 @@ from tests.integration.checks import check_table
 from tests.integration.pg import (
     PG_DATABASE,
     drop_replication,
+    dropped_after,
     pg_config,
     pg_connect,
     pg_execute,
@@ -234,7 +235,7 @@ def test_an_idle_tailer_lets_the_slot_release_wal(pg_env: Endpoints, spark: Any,
     config = pg_config(pg_env, name=name, tables=[f"{schema}.quiet"], lake=tmp_path / "lake")
     from pipeline.sources.postgres.connection import default_slot
 
-    try:
+    with dropped_after(pg_env, schema, name):
         with open_runtime(config, spark=spark) as rt:
             bg = BackgroundTailer(rt.tailer()).start()
             try:
@@ -260,9 +261,6 @@ def test_an_idle_tailer_lets_the_slot_release_wal(pg_env: Endpoints, spark: Any,
             finally:
                 bg.stop()
             rt.state.delete("", recursive=True)
-    finally:
-        drop_replication(pg_env, name)
-        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_ddl_and_truncate_while_the_tailer_is_behind(pg_env: Endpoints, spark: Any,
@@ -278,7 +276,7 @@ def test_ddl_and_truncate_while_the_tailer_is_behind(pg_env: Endpoints, spark: A
     name = f"pgddl-{uuid.uuid4().hex[:6]}"
     config = pg_config(pg_env, name=name, tables=[f"{schema}.items"], lake=tmp_path / "lake")
     table = TableId(schema, "items")
-    try:
+    with dropped_after(pg_env, schema, name):
         with open_runtime(config, spark=spark) as rt:
             rt.tailer().run(until_caught_up=True)  # the position starts here, before any row
             pg_execute(
@@ -321,9 +319,6 @@ def test_ddl_and_truncate_while_the_tailer_is_behind(pg_env: Endpoints, spark: A
                                 expected_rows=pg_rows(pg_env, items, ("id",)))
             assert (frame["op"] == "t").sum() == 1
             rt.state.delete("", recursive=True)
-    finally:
-        drop_replication(pg_env, name)
-        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_a_role_without_replication_and_a_foreign_publication_are_refused(
@@ -512,7 +507,7 @@ def test_an_idle_tailer_is_caught_up_after_a_wal_segment_switch(
                f'ALTER TABLE "{schema}".t REPLICA IDENTITY FULL')
     name = f"pgswitch-{uuid.uuid4().hex[:6]}"
     config = pg_config(pg_env, name=name, tables=[f"{schema}.t"], lake=tmp_path / "lake")
-    try:
+    with dropped_after(pg_env, schema, name):
         with open_runtime(config, spark=spark) as rt:
             with BackgroundTailer(rt.tailer()) as bg:
                 rt.wait_started(bg.check)
@@ -522,9 +517,6 @@ def test_an_idle_tailer_is_caught_up_after_a_wal_segment_switch(
                 assert head["lsn"] % (16 * 2**20) == 0, head  # the local server's segments
                 rt.wait_caught_up(bg.check, timeout=30)
             rt.state.delete("", recursive=True)
-    finally:
-        drop_replication(pg_env, name)
-        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_a_dropped_and_recreated_table_is_reset_and_flagged_for_a_capture(
@@ -571,7 +563,7 @@ def test_a_dropped_and_recreated_table_is_reset_and_flagged_for_a_capture(
             == ["done"]
         rt.wait_caught_up(bg.check)
 
-    try:
+    with dropped_after(pg_env, schema, name):
         with open_runtime(config, spark=spark) as rt:
             with BackgroundTailer(rt.tailer()) as bg:
                 rt.wait_started(bg.check)
@@ -599,9 +591,6 @@ def test_a_dropped_and_recreated_table_is_reset_and_flagged_for_a_capture(
             assert lake(rt) == (set(), 2)
             assert "repair advised" in status(rt)
             rt.state.delete("", recursive=True)
-    finally:
-        drop_replication(pg_env, name)
-        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_a_lost_wal_stream_that_cannot_reconnect_stops_with_a_clear_error(
