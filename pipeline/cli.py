@@ -48,6 +48,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _tail(args: argparse.Namespace) -> int:
+    from pipeline.errors import LockHeld
     from pipeline.runtime import open_runtime
 
     config = _config(args)
@@ -62,8 +63,25 @@ def _tail(args: argparse.Namespace) -> int:
             print(f"batch {b.batch}: {b.events} events, {len(b.emitted_windows)} chunks "
                   f"({b.rows_emitted} rows) emitted, lsn {b.position.lsn}", flush=True)
 
-        summary = rt.tailer(on_batch=report).run(stop=stop, until_caught_up=args.until_caught_up,
-                                                 reset_to_head=args.from_head)
+        # A continuous tail stands by while another one runs (active-passive); a one-off
+        # run gives up after --lock-wait seconds (5 by default).
+        wait = args.lock_wait
+        if wait is None and (args.until_caught_up or args.from_head):
+            wait = 5.0
+        # Spark is set up before standing by, so a take-over starts writing at once.
+        tailer = rt.tailer(on_batch=report)
+        if wait is None:
+            holder = rt.state.lock_holder()
+            if holder is not None:
+                print(f"tail: standing by, the tailer lock is held by {holder}", flush=True)
+        try:
+            summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
+                                 reset_to_head=args.from_head, lock_timeout=wait)
+        except LockHeld:
+            if wait is None and stop.is_set():
+                print("tail: stopped while standing by")
+                return 0
+            raise
         if args.from_head:
             print("tail: position reset to the head of the log; run `dblog capture` next")
     print(f"tailed {summary.events} events in {summary.batches} batches")
@@ -197,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--from-head", action="store_true",
                       help="forget the stored position and start at the head of the log "
                            "(after the log was purged; then run a capture)")
+    tail.add_argument("--lock-wait", type=float, metavar="SECONDS", default=None,
+                      help="how long to wait for a running tailer of the source to stop "
+                           "(default: stand by as long as it runs and take over when it "
+                           "stops or dies; 5 with --until-caught-up or --from-head)")
     tail.set_defaults(func=_tail)
 
     cap = sub.add_parser("capture", help="full-state capture of tables (DBLog chunks)")

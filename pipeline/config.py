@@ -99,6 +99,9 @@ class PipelineConfig:
     lake: Path
     zookeeper_hosts: str
     zookeeper_root: str = "dblog"
+    zookeeper_session_timeout_s: float = 10.0
+    """After this long without a heartbeat (a killed or frozen tailer) ZooKeeper ends the
+    session: its tailer lock goes to a standing-by tailer."""
     tail: TailConfig = field(default_factory=TailConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     spark_master: str | None = None
@@ -234,6 +237,13 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     zk = data.get("zookeeper") or {}
     if not isinstance(zk, Mapping):
         raise ConfigError("config: zookeeper must be a mapping")
+    unknown_zk = set(zk) - {"hosts", "root", "session_timeout_s"}
+    if unknown_zk:
+        raise ConfigError(f"config: unknown zookeeper keys: {', '.join(sorted(unknown_zk))}")
+    session_timeout = _positive(zk.get("session_timeout_s", 10.0),
+                                "zookeeper.session_timeout_s", float)
+    if not 2.0 <= session_timeout <= 120.0:
+        raise ConfigError("config: zookeeper.session_timeout_s must be between 2 and 120")
     tail_data = data.get("tail") or {}
     tail = TailConfig(
         batch_max_events=_positive(tail_data.get("batch_max_events", 100_000),
@@ -261,6 +271,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
             "${DBLOG_ZK_PORT}", os.environ.get("DBLOG_ZK_PORT", "12181")
         ),
         zookeeper_root=str(zk.get("root", "dblog")),
+        zookeeper_session_timeout_s=session_timeout,
         tail=tail,
         capture=capture,
         spark_master=spark.get("master") if isinstance(spark, Mapping) else None,

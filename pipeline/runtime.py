@@ -165,7 +165,8 @@ def open_runtime(
             for table in config.table_ids:
                 dialect.table_schema(table)
         state = StateStore.connect(config.zookeeper_hosts, config.source.name,
-                                   chroot=config.zookeeper_root)
+                                   chroot=config.zookeeper_root,
+                                   timeout=config.zookeeper_session_timeout_s)
     except BaseException:
         dialect.close()
         raise

@@ -20,6 +20,7 @@ chunk progress and window outcomes in one atomic ZooKeeper transaction.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -50,6 +51,8 @@ from kazoo.retry import KazooRetry, RetryFailedError
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LeadershipLost, LockHeld, StateConflict, TransientError
 from pipeline.events import Key, Position, TableId, Window, key_from_json, key_to_json
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ABSENT",
@@ -720,26 +723,45 @@ class StateStore:
     # ---- tailer lock -------------------------------------------------------------------
 
     @contextmanager
-    def tailer_lock(self, identifier: str, timeout: float = 5.0) -> Iterator[None]:
+    def tailer_lock(self, identifier: str, timeout: float | None = 5.0,
+                    stop: threading.Event | None = None) -> Iterator[None]:
         """Hold the source's single-tailer lock; :class:`LockHeld` if not acquired in time.
 
-        The lock is an ephemeral znode: it is released on exit, or by ZooKeeper when this
-        session ends. Writes stay fenced by :meth:`commit_batch`'s position CAS.
+        ``timeout=None`` stands by: it waits as long as another tailer holds the lock (until
+        that one stops or its ZooKeeper session ends) or until ``stop`` is set, which raises
+        :class:`LockHeld` too. The lock is an ephemeral znode: it is released on exit, or
+        by ZooKeeper when this session ends. Writes stay fenced by :meth:`commit_batch`'s
+        position CAS and :meth:`check_leader`.
         """
         if not identifier:
             raise ValueError("lock identifier must not be empty")
         lock = Lock(self._zk, self._abs(TAILER_LOCK), identifier)
-        with _zk_errors("acquire tailer lock"):
-            try:
-                acquired = bool(lock.acquire(timeout=timeout))
-            except LockTimeout:
-                acquired = False
+        began = time.monotonic()
+        told = False
+        while True:
+            wait = 5.0 if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+            with _zk_errors("acquire tailer lock"):
+                try:
+                    acquired = bool(lock.acquire(timeout=min(wait, 1.0) if timeout is None
+                                                 else wait))
+                except LockTimeout:
+                    acquired = False
+            if acquired or timeout is not None or (stop is not None and stop.is_set()):
+                break
+            if not told:
+                told = True
+                log.info("standing by: the tailer lock for source %s is held by %s",
+                         self.source, self.lock_holder() or "an unknown holder")
         if not acquired:
             holder = self.lock_holder()
+            waited = time.monotonic() - began
             raise LockHeld(
                 f"tailer lock for source {self.source} is held by {holder or 'an unknown holder'}"
-                f" (waited {timeout:g}s)"
+                f" (waited {waited:.0f}s)"
             )
+        if told:
+            log.info("took over the tailer lock for source %s after %.1fs standing by",
+                     self.source, time.monotonic() - began)
         self._session_lost.clear()
         self._lock_node = f"{lock.path}/{lock.node}" if lock.node else None
         try:

@@ -218,16 +218,19 @@ class Tailer:
         stop: threading.Event | None = None,
         until_caught_up: bool = False,
         max_batches: int | None = None,
-        lock_timeout: float = 5.0,
+        lock_timeout: float | None = 5.0,
         reset_to_head: bool = False,
     ) -> TailSummary:
         """Hold the tailer lock and tail until ``stop`` is set (or caught up / max batches).
+
+        ``lock_timeout=None``: stand by while another tailer holds the lock, and take over
+        when it stops or dies (:meth:`StateStore.tailer_lock`).
 
         ``reset_to_head``: first forget the stored position and start at the head of the log
         (after a purged log; a capture then restores the full state).
         """
         stop = stop or threading.Event()
-        with self.state.tailer_lock(self.identifier, timeout=lock_timeout):
+        with self.state.tailer_lock(self.identifier, timeout=lock_timeout, stop=stop):
             return self._run_as_leader(stop, until_caught_up, max_batches, reset_to_head)
 
     def run_locked(self, *, stop: threading.Event) -> TailSummary:
@@ -771,6 +774,7 @@ class Tailer:
             "dblog.windows_closed": sorted(
                 w for w, u in pending.window_updates.items() if u.status != "registered"
             ),
+            "dblog.tailer": self.identifier,  # who wrote it (a standby that took over)
         }
         report = BatchReport(batch_no, pending.end_position, pending.events,
                              commit_ts_ms=pending.commit_ts_ms)

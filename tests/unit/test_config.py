@@ -60,6 +60,9 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"source": {**GOOD["source"], "slot": "s"}}, "unknown keys for kind 'mariadb': slot"),
         ({"source": {**GOOD["source"], "kind": "postgres", "database": "d", "server_id": 1,
                      "bogus": 2}}, "unknown keys for kind 'postgres': bogus"),
+        ({"zookeeper": {"session_timeout": 5}}, "unknown zookeeper keys: session_timeout"),
+        ({"zookeeper": {"session_timeout_s": 1}}, "session_timeout_s must be between 2 and"),
+        ({"zookeeper": {"session_timeout_s": "long"}}, "must be a positive number"),
     ],
 )
 def test_bad_config(patch: dict[str, Any], message: str) -> None:
