@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.errors import ConfigError, DblogError
@@ -19,13 +19,13 @@ DEFAULT_CONFIG = "dblog.yaml"
 def _services(args: argparse.Namespace) -> int:
     from pipeline import services
 
-    action = {
-        "up": services.up,
+    actions: dict[str, Callable[[], list[str]]] = {
+        "up": lambda: services.up(zk_nodes=args.zk_nodes),
         "down": services.down,
         "status": services.status,
         "env": services.env_lines,
-    }[args.action]
-    for line in action():
+    }
+    for line in actions[args.action]():
         print(line)
     return 0
 
@@ -48,7 +48,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from pipeline.errors import LockHeld
+    from pipeline.errors import LeadershipLost, LockHeld
     from pipeline.runtime import open_runtime
 
     config = _config(args)
@@ -74,14 +74,24 @@ def _tail(args: argparse.Namespace) -> int:
             holder = rt.state.lock_holder()
             if holder is not None:
                 print(f"tail: standing by, the tailer lock is held by {holder}", flush=True)
-        try:
-            summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
-                                 reset_to_head=args.from_head, lock_timeout=wait)
-        except LockHeld:
-            if wait is None and stop.is_set():
-                print("tail: stopped while standing by")
-                return 0
-            raise
+        while True:
+            try:
+                summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
+                                     reset_to_head=args.from_head, lock_timeout=wait)
+                break
+            except LockHeld:
+                if wait is None and stop.is_set():
+                    print("tail: stopped while standing by")
+                    return 0
+                raise
+            except LeadershipLost as exc:
+                # A ZooKeeper session interrupted (a node of the ensemble lost, a pause):
+                # nothing more was written; stand by again, and go on if the lock is still
+                # free (the session survived), or follow whoever took over.
+                if wait is not None or stop.is_set():
+                    raise
+                print(f"tail: {exc}; standing by again", flush=True)
+                tailer = rt.tailer(on_batch=report)
         if args.from_head:
             print("tail: position reset to the head of the log; run `dblog capture` next")
     print(f"tailed {summary.events} events in {summary.batches} batches")
@@ -207,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     svc = sub.add_parser("services", help="local MariaDB, PostgreSQL and ZooKeeper on loopback")
     svc.add_argument("action", choices=["up", "down", "status", "env"])
+    svc.add_argument("--zk-nodes", type=int, default=1, choices=[1, 3],
+                     help="3: also run a 3-node ZooKeeper ensemble on loopback "
+                          "($DBLOG_ZK_ENSEMBLE; the standalone node keeps running)")
     svc.set_defaults(func=_services)
 
     tail = sub.add_parser("tail", help="tail the source log into Delta (the one ordered writer)")

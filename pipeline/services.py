@@ -442,6 +442,102 @@ class ZooKeeper(Service):
 
 SERVICES: tuple[type[Service], ...] = (MariaDB, Postgres, ZooKeeper)
 
+ENSEMBLE_NODES = 3
+
+
+def ensemble_ports(index: int) -> tuple[int, int, int]:
+    """Client, peer and election ports of ensemble node ``index`` (1-based): from
+    ``$DBLOG_ZK_ENSEMBLE_PORT`` (12281) on, in steps of one per node and ten per kind."""
+    base = _port("DBLOG_ZK_ENSEMBLE_PORT", 12281)
+    return base + index - 1, base + 10 + index - 1, base + 20 + index - 1
+
+
+def ensemble_hosts() -> str:
+    """The ensemble's connection string (``host:port,...``)."""
+    return ",".join(f"127.0.0.1:{ensemble_ports(i)[0]}" for i in range(1, ENSEMBLE_NODES + 1))
+
+
+class ZooKeeperNode(ZooKeeper):
+    """Node ``index`` of a local 3-node ZooKeeper ensemble (``services up --zk-nodes 3``),
+    beside the standalone ZooKeeper, for tests of a quorum losing a node."""
+
+    port_env = "DBLOG_ZK_ENSEMBLE_PORT"
+
+    def __init__(self, home: Path, ep: Endpoints, index: int) -> None:
+        super().__init__(home, ep)
+        self.index = index
+        self.name = f"zookeeper-{index}"
+        self.dir = home / "zookeeper-ensemble" / f"node{index}"
+        self.log = home / "logs" / f"zookeeper-{index}.log"
+
+    @property
+    def port(self) -> int:
+        return ensemble_ports(self.index)[0]
+
+    def _start(self) -> None:
+        java = _need_binary("java", "openjdk-17-jre-headless")
+        data = self.dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{self.index}\n")
+        servers = "".join(
+            f"server.{i}=127.0.0.1:{ensemble_ports(i)[1]}:{ensemble_ports(i)[2]}\n"
+            for i in range(1, ENSEMBLE_NODES + 1))
+        cfg = self.dir / "zoo.cfg"
+        cfg.write_text(
+            f"dataDir={data}\nclientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+            "tickTime=2000\ninitLimit=10\nsyncLimit=5\nmaxClientCnxns=200\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,cons\n"
+            "autopurge.purgeInterval=1\n" + servers
+        )
+        pid = self._spawn([
+            java, "-Xmx128m", "-Dzookeeper.log.dir=" + str(self.log.parent),
+            "-Dzookeeper.root.logger=INFO,CONSOLE", "-cp", ZK_CLASSPATH,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
+        ])
+        self.pid_file.write_text(str(pid))
+
+    def four_letters(self, command: str) -> str:
+        """The reply to a ZooKeeper four-letter command ('' if the node does not answer)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(command.encode())
+                chunks = []
+                while chunk := sock.recv(4096):
+                    chunks.append(chunk)
+                return b"".join(chunks).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def healthy(self) -> bool:
+        """Serving: in a quorum, as its leader or a follower."""
+        return "Mode: leader" in (reply := self.four_letters("srvr")) or \
+            "Mode: follower" in reply
+
+    def up(self) -> str:
+        # Nodes start together: one alone has no quorum and is never healthy.
+        if self.running():
+            return f"{self.name}: already running on 127.0.0.1:{self.port}"
+        _check_port_free(self.name, self.port, self.port_env)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._start()
+        return f"{self.name}: started on 127.0.0.1:{self.port}"
+
+
+def ensemble(home: Path | None = None) -> list[ZooKeeperNode]:
+    """The local ensemble's nodes (running or not)."""
+    home = home or dblog_home()
+    ep = endpoints(home)
+    return [ZooKeeperNode(home, ep, i) for i in range(1, ENSEMBLE_NODES + 1)]
+
+
+def ensemble_up(home: Path | None = None) -> list[str]:
+    """Start the ensemble's stopped nodes, then wait until every node serves."""
+    nodes = ensemble(home)
+    lines = [node.up() for node in nodes]
+    for node in nodes:
+        _wait(node.name, node.healthy, node.log)
+    return lines
+
 
 def _all(home: Path | None = None) -> list[Service]:
     home = home or dblog_home()
@@ -449,14 +545,21 @@ def _all(home: Path | None = None) -> list[Service]:
     return [cls(home, ep) for cls in SERVICES]
 
 
-def up(home: Path | None = None) -> list[str]:
-    """Start every local service that is not running; return one line per service."""
-    return [svc.up() for svc in _all(home)]
+def up(home: Path | None = None, zk_nodes: int = 1) -> list[str]:
+    """Start every local service that is not running; return one line per service.
+    ``zk_nodes=3`` also starts the 3-node ZooKeeper ensemble (:func:`ensemble_hosts`)."""
+    if zk_nodes not in (1, ENSEMBLE_NODES):
+        raise ServiceError(f"--zk-nodes is 1 (standalone) or {ENSEMBLE_NODES} (an ensemble "
+                           f"beside it), not {zk_nodes}")
+    lines = [svc.up() for svc in _all(home)]
+    if zk_nodes == ENSEMBLE_NODES:
+        lines += ensemble_up(home)
+    return lines
 
 
 def down(home: Path | None = None) -> list[str]:
-    """Stop the local services."""
-    return [svc.down() for svc in _all(home)]
+    """Stop the local services (the ensemble's nodes too, where they run)."""
+    return [svc.down() for svc in [*_all(home), *ensemble(home)]]
 
 
 def status(home: Path | None = None) -> list[str]:
@@ -471,6 +574,7 @@ def env_lines(home: Path | None = None) -> list[str]:
         f"export DBLOG_MARIADB_PORT={ep.mariadb_port}",
         f"export DBLOG_PG_PORT={ep.pg_port}",
         f"export DBLOG_ZK_PORT={ep.zk_port}",
+        f"export DBLOG_ZK_ENSEMBLE={ensemble_hosts()}",
         f"export DBLOG_MARIADB_PASSWORD={ep.mariadb_password}",
         f"export DBLOG_PG_PASSWORD={ep.pg_password}",
     ]

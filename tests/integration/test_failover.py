@@ -1,8 +1,8 @@
 """Active-passive tailers, as on two hosts: ``dblog tail`` twice for one source, one writes
 and one stands by. A SIGKILLed active hands over within its ZooKeeper session timeout (plus
 start-up); a frozen (SIGSTOP) active that wakes up after the standby took over writes
-nothing more. The changelog then holds every change once, in position order, and the mirror
-and an independent replay equal the source."""
+nothing more and stands by behind it. The changelog then holds every change once, in
+position order, and the mirror and an independent replay equal the source."""
 
 from __future__ import annotations
 
@@ -164,16 +164,20 @@ def test_a_standby_takes_over_and_a_frozen_active_writes_nothing_more(
                 wait_for("the third tail writing", lambda: batch() >= at + 2, 60, third)
                 second.signal(signal.SIGCONT)
                 woken = time.time()
-                wait_for("the woken tail stopping", lambda: second.proc.poll() is not None,
-                         60, third)
-                assert second.proc.returncode != 0
+                # It stops writing and stands by behind the new active one.
+                wait_for("the woken tail standing by again",
+                         lambda: "standing by again" in second.output(), 60, third, second)
                 assert "this one stops writing" in second.output(), second.output()[-3000:]
+                at = batch()
+                wait_for("the third tail writing on", lambda: batch() >= at + 2, 60, third)
 
                 writer.halt.set()
                 writer.join(10)
                 rt.wait_caught_up(lambda: None, timeout=120)
-                third.stop()
-                assert third.proc.returncode == 0, third.output()[-3000:]
+                for tail in (second, third):
+                    tail.stop()
+                    assert tail.proc.returncode == 0, tail.output()[-3000:]
+                assert "stopped while standing by" in second.output()
 
                 late = [t for who, t in changelog_commits(spark, rt.layout.changelog(table))
                         if who == second.identifier and t > woken]
