@@ -20,8 +20,9 @@ def _services(args: argparse.Namespace) -> int:
     from pipeline import services
 
     actions: dict[str, Callable[[], list[str]]] = {
-        "up": lambda: services.up(zk_nodes=args.zk_nodes),
-        "down": services.down,
+        "up": lambda: services.up(zk_nodes=args.zk_nodes) + (
+            [services.SparkStandalone().up()] if args.spark_cluster else []),
+        "down": lambda: [*services.down(), services.SparkStandalone().down()],
         "status": services.status,
         "env": services.env_lines,
     }
@@ -220,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("--zk-nodes", type=int, default=1, choices=[1, 3],
                      help="3: also run a 3-node ZooKeeper ensemble on loopback "
                           "($DBLOG_ZK_ENSEMBLE; the standalone node keeps running)")
+    svc.add_argument("--spark-cluster", action="store_true",
+                     help="also run a Spark standalone master and worker on loopback "
+                          "(spark://127.0.0.1:17077; spark.master or $DBLOG_SPARK_MASTER)")
     svc.set_defaults(func=_services)
 
     tail = sub.add_parser("tail", help="tail the source log into Delta (the one ordered writer)")

@@ -545,6 +545,77 @@ def _all(home: Path | None = None) -> list[Service]:
     return [cls(home, ep) for cls in SERVICES]
 
 
+class SparkStandalone:
+    """A Spark standalone master and one worker on loopback, started from the pyspark
+    distribution's own launch classes (``bin/spark-class``): ``spark://127.0.0.1:<port>``
+    (``$DBLOG_SPARK_CLUSTER_PORT``, 17077) for ``spark.master`` / ``$DBLOG_SPARK_MASTER``."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or dblog_home()
+        self.dir = self.home / "spark-cluster"
+        self.port = _port("DBLOG_SPARK_CLUSTER_PORT", 17077)
+        self.master_url = f"spark://127.0.0.1:{self.port}"
+
+    def _spark_class(self) -> str:
+        import pyspark
+
+        path = Path(pyspark.__file__).parent / "bin" / "spark-class"
+        if not path.exists():
+            raise ServiceError(f"{path} not found: reinstall pyspark (make setup)")
+        return str(path)
+
+    def _spawn(self, role: str, argv: list[str]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = self.home / "logs" / f"spark-{role}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
+               "SPARK_WORKER_DIR": str(self.dir / "work")}
+        with log.open("ab") as out:
+            proc = subprocess.Popen([self._spark_class(), *argv], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env)
+        (self.dir / f"{role}.pid").write_text(str(proc.pid))
+
+    def _alive(self, role: str) -> bool:
+        return _pid_alive(self.dir / f"{role}.pid") is not None
+
+    def workers(self) -> int:
+        """Workers registered with the master (from its JSON status page)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(  # noqa: S310 - a fixed loopback http URL
+                    f"http://127.0.0.1:{self.port + 1}/json/", timeout=2) as reply:
+                status = json.load(reply)
+        except OSError:
+            return 0
+        return sum(1 for w in status.get("workers", []) if w.get("state") == "ALIVE")
+
+    def up(self, cores: int = 2, memory: str = "2g") -> str:
+        """Start the master and a worker (``cores``, ``memory``) unless they run."""
+        if not self._alive("master"):
+            _check_port_free("spark master", self.port, "DBLOG_SPARK_CLUSTER_PORT")
+            self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host",
+                                   "127.0.0.1", "--port", str(self.port), "--webui-port",
+                                   str(self.port + 1)])
+        if not self._alive("worker"):
+            self._spawn("worker", ["org.apache.spark.deploy.worker.Worker", self.master_url,
+                                   "--host", "127.0.0.1", "--cores", str(cores), "--memory",
+                                   memory, "--webui-port", str(self.port + 2)])
+        _wait("spark cluster", lambda: self.workers() > 0, self.home / "logs" /
+              "spark-worker.log")
+        return f"spark cluster: {self.master_url} with a worker ({cores} cores, {memory})"
+
+    def down(self) -> str:
+        stopped = []
+        for role in ("worker", "master"):
+            pid = _pid_alive(self.dir / f"{role}.pid")
+            if pid is not None:
+                os.killpg(pid, signal.SIGTERM)
+                stopped.append(role)
+        return f"spark cluster: stopped {' and '.join(stopped) or 'nothing'}"
+
+
 def up(home: Path | None = None, zk_nodes: int = 1) -> list[str]:
     """Start every local service that is not running; return one line per service.
     ``zk_nodes=3`` also starts the 3-node ZooKeeper ensemble (:func:`ensemble_hosts`)."""
