@@ -102,6 +102,24 @@ class PipelineConfig:
     zookeeper_session_timeout_s: float = 10.0
     """After this long without a heartbeat (a killed or frozen tailer) ZooKeeper ends the
     session: its tailer lock goes to a standing-by tailer."""
+    zookeeper_auth_env: str | None = None
+    """The environment variable holding ``user:password`` for ZooKeeper digest
+    authentication; when set, every node dblog creates is readable and writable by that
+    identity only."""
+
+    @property
+    def zookeeper_auth(self) -> tuple[str, str] | None:
+        """``(user, password)`` from ``zookeeper_auth_env`` (None: no authentication)."""
+        if self.zookeeper_auth_env is None:
+            return None
+        raw = os.environ.get(self.zookeeper_auth_env)
+        if raw is None:
+            raise ConfigError(f"zookeeper: environment variable {self.zookeeper_auth_env} "
+                              "(user:password for ZooKeeper) is not set")
+        user, sep, password = raw.partition(":")
+        if not sep or not user or not password:
+            raise ConfigError(f"zookeeper: {self.zookeeper_auth_env} must be user:password")
+        return user, password
     tail: TailConfig = field(default_factory=TailConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     spark_master: str | None = None
@@ -142,6 +160,17 @@ def _not_negative(value: Any, where: str) -> float:
         raise ConfigError(f"config: {where} must be a number of seconds (0: off), "
                           f"got {value!r}")
     return float(value)
+
+
+def _env_name(value: Any, where: str) -> str | None:
+    """An environment variable's name (None when absent); never a secret itself."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.replace("_", "a").isalnum() or \
+            value[0].isdigit():
+        raise ConfigError(f"config: {where} must name an environment variable "
+                          "(letters, digits, _), not hold a secret")
+    return value
 
 
 def _positive(value: Any, where: str, kind: type = int) -> Any:
@@ -237,7 +266,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     zk = data.get("zookeeper") or {}
     if not isinstance(zk, Mapping):
         raise ConfigError("config: zookeeper must be a mapping")
-    unknown_zk = set(zk) - {"hosts", "root", "session_timeout_s"}
+    unknown_zk = set(zk) - {"hosts", "root", "session_timeout_s", "auth_env"}
     if unknown_zk:
         raise ConfigError(f"config: unknown zookeeper keys: {', '.join(sorted(unknown_zk))}")
     session_timeout = _positive(zk.get("session_timeout_s", 10.0),
@@ -272,6 +301,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         ),
         zookeeper_root=str(zk.get("root", "dblog")),
         zookeeper_session_timeout_s=session_timeout,
+        zookeeper_auth_env=_env_name(zk.get("auth_env"), "zookeeper.auth_env"),
         tail=tail,
         capture=capture,
         spark_master=spark.get("master") if isinstance(spark, Mapping) else None,

@@ -166,7 +166,8 @@ def open_runtime(
                 dialect.table_schema(table)
         state = StateStore.connect(config.zookeeper_hosts, config.source.name,
                                    chroot=config.zookeeper_root,
-                                   timeout=config.zookeeper_session_timeout_s)
+                                   timeout=config.zookeeper_session_timeout_s,
+                                   auth=config.zookeeper_auth)
     except BaseException:
         dialect.close()
         raise

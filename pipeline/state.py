@@ -47,6 +47,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.lock import Lock
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import make_digest_acl
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LeadershipLost, LockHeld, StateConflict, TransientError
@@ -361,11 +362,19 @@ class StateStore:
 
     @classmethod
     def connect(
-        cls, hosts: str, source: str, *, chroot: str = "dblog", timeout: float = 10
+        cls, hosts: str, source: str, *, chroot: str = "dblog", timeout: float = 10,
+        auth: tuple[str, str] | None = None,
     ) -> StateStore:
-        """Connect to ZooKeeper ``hosts`` (``host:port[,host:port]``) within ``timeout`` seconds."""
+        """Connect to ZooKeeper ``hosts`` (``host:port[,host:port]``) within ``timeout``
+        seconds. With ``auth`` (user, password) the session authenticates by digest and
+        every node it creates carries an ACL granting that identity alone."""
         retry = KazooRetry(max_tries=3, deadline=timeout, ignore_expire=False)
-        client = KazooClient(hosts=hosts, timeout=timeout, command_retry=retry)
+        secured: dict[str, Any] = {}
+        if auth is not None:
+            user, password = auth
+            secured = {"auth_data": [("digest", f"{user}:{password}")],
+                       "default_acl": [make_digest_acl(user, password, all=True)]}
+        client = KazooClient(hosts=hosts, timeout=timeout, command_retry=retry, **secured)
         try:
             client.start(timeout=timeout)
         except (KazooTimeoutError, KazooException, OSError) as exc:

@@ -48,10 +48,10 @@ def test_the_password_appears_in_no_output_process_list_history_or_state(
         source_kit: SourceKit, spark: Any, tmp_path: Path) -> None:
     password = source_kit.password
     assert len(password) >= 12  # a distinctive generated secret, never a substring by chance
-    db = source_kit.create("secret", accounts=300, orders=200, seed=3)
+    db = source_kit.create("secret", accounts=80, orders=60, seed=3)
     with source_kit.cleaned(db, "secret") as source:
         cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
-                                lake=tmp_path / "lake", chunk_size=100, batch_seconds=0.3)
+                                lake=tmp_path / "lake", chunk_size=40, batch_seconds=0.3)
         assert password not in cfg.read_text()
         seen: list[str] = []
         done = threading.Event()

@@ -91,3 +91,19 @@ def test_a_postgres_source() -> None:
     assert (config.source.kind, config.source.database) == ("postgres", "billing")
     assert (config.source.slot, config.source.publication) == ("my_slot", "")
     assert config.source.watermark_database == "wm"
+
+
+def test_zookeeper_credentials_come_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = parse_config({**GOOD, "zookeeper": {"auth_env": "DBLOG_TEST_ZK"}})
+    monkeypatch.delenv("DBLOG_TEST_ZK", raising=False)
+    with pytest.raises(ConfigError, match="DBLOG_TEST_ZK .* is not set"):
+        _ = config.zookeeper_auth
+    monkeypatch.setenv("DBLOG_TEST_ZK", "no-colon")
+    with pytest.raises(ConfigError, match="user:password"):
+        _ = config.zookeeper_auth
+    monkeypatch.setenv("DBLOG_TEST_ZK", "dblog:pa:ss")
+    assert config.zookeeper_auth == ("dblog", "pa:ss")
+    assert parse_config(GOOD).zookeeper_auth is None
+    with pytest.raises(ConfigError, match="must name an environment variable"):
+        parse_config({**GOOD, "zookeeper": {"auth_env": "dblog:hunter2"}})
