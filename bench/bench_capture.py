@@ -42,6 +42,7 @@ from bench.common import (
     run_id,
     server_id,
     table_facts,
+    with_ratios,
     write_results,
 )
 from pipeline import services
@@ -200,10 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     if stats:
                         row[side]["writers"] = stats
                     print(f"    {row[side]}", flush=True)
-                row["ratio"] = row["dblog"]["rows_per_s"] / row["baseline"]["rows_per_s"]
-                row["ratio_with_mirror"] = (row["dblog"]["mirror_rows_per_s"]
-                                            / row["baseline"]["rows_per_s"])
-                results.append(row)
+                results.append(with_ratios(row))
         finally:
             dialect.close()
     finally:

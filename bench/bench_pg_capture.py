@@ -34,6 +34,7 @@ from bench.common import (
     record_batches,
     remove_lake,
     run_id,
+    with_ratios,
     write_results,
 )
 from pipeline import services
@@ -146,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                         if stats:
                             row[side]["writers"] = stats
                         print(f"    {variant} {side} {row[side]}", flush=True)
-                    row["ratio"] = row["dblog"]["rows_per_s"] / row["baseline"]["rows_per_s"]
-                    row["ratio_with_mirror"] = (row["dblog"]["mirror_rows_per_s"]
-                                                / row["baseline"]["rows_per_s"])
-                    results.append(row)
+                    results.append(with_ratios(row))
                 finally:
                     rt.state.delete("", recursive=True)
     finally:

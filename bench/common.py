@@ -401,3 +401,12 @@ def record_batches(batches: list[tuple[int, float]]) -> Callable[[Any], None]:
             batches.append((report.events, report.seconds))
 
     return record
+
+
+def with_ratios(row: dict[str, Any]) -> dict[str, Any]:
+    """A capture bench row with dblog's rows/s over the baseline's, into the changelog
+    (``ratio``) and until the mirror has it too (``ratio_with_mirror``)."""
+    base = row["baseline"]["rows_per_s"]
+    row["ratio"] = row["dblog"]["rows_per_s"] / base
+    row["ratio_with_mirror"] = row["dblog"]["mirror_rows_per_s"] / base
+    return row

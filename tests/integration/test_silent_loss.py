@@ -40,6 +40,12 @@ def wait_lock_free(config: Path, timeout: float = 60) -> None:
             time.sleep(0.5)
 
 
+def loss_config(kit: SourceKit, tmp_path: Path, db: str, source: str) -> Path:
+    """The configuration of ``db``'s table ``t``: small chunks, short batches and polls."""
+    return kit.config(tmp_path / "c.yaml", source=source, db=db, lake=tmp_path / "lake",
+                      tables=[f"{db}.t"], chunk_size=50, batch_seconds=0.3, poll_seconds=0.2)
+
+
 def test_a_crash_after_the_delta_write_loses_no_later_transaction(
     source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
@@ -49,9 +55,7 @@ def test_a_crash_after_the_delta_write_loses_no_later_transaction(
     untracked = source_kit.qualified(db, "u")
     source_kit.run_sql(db, f"CREATE TABLE {untracked} (id INT PRIMARY KEY)")
     with source_kit.cleaned(db, "loss") as source:
-        cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
-                                lake=tmp_path / "lake", tables=[f"{db}.t"], chunk_size=50,
-                                batch_seconds=0.3, poll_seconds=0.2)
+        cfg = loss_config(source_kit, tmp_path, db, source)
         with open_runtime(load_config(cfg), spark=spark) as rt:
             rt.tailer().run(until_caught_up=True)
         source_kit.run_sql(db, "INSERT INTO {t} VALUES (1, 'v1')",
@@ -76,9 +80,7 @@ def test_tail_from_head_keeps_every_later_change(
     Delta skipped every later batch as already written."""
     db = source_kit.simple_table("loss", 0)
     with source_kit.cleaned(db, "loss") as source:
-        cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
-                                lake=tmp_path / "lake", tables=[f"{db}.t"], chunk_size=50,
-                                batch_seconds=0.3, poll_seconds=0.2)
+        cfg = loss_config(source_kit, tmp_path, db, source)
         with open_runtime(load_config(cfg), spark=spark) as rt:
             rt.tailer().run(until_caught_up=True)
             for i in range(1, 6):  # a few batches in the lake
