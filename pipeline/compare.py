@@ -26,7 +26,7 @@ from pipeline.chunking import KeyRange
 from pipeline.events import Key, TableId
 from pipeline.lake.types import quote_ident
 from pipeline.runtime import Runtime
-from pipeline.sources.base import TableSchema
+from pipeline.sources.base import TableSchema, element_type
 from pipeline.sources.checksum import checksum_columns
 
 WHOLE_TABLE = "whole-table"
@@ -62,8 +62,8 @@ def _plain_decimal(col: Column, scale: int) -> Column:
 
 
 def _text(col: Column, spark_type: str) -> Column:
-    if spark_type.startswith("ARRAY<"):
-        element = spark_type[6:-1]
+    element = element_type(spark_type)
+    if element is not None:
 
         def piece(e: Column) -> Column:
             text = _text(e, element)

@@ -431,13 +431,20 @@ class ZooKeeper(Service):
         ])
         self.pid_file.write_text(str(pid))
 
-    def healthy(self) -> bool:
+    def four_letters(self, command: str) -> str:
+        """The reply to a ZooKeeper four-letter command ('' if the node does not answer)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                sock.sendall(b"ruok")
-                return sock.recv(8) == b"imok"
+                sock.sendall(command.encode())
+                chunks = []
+                while chunk := sock.recv(4096):
+                    chunks.append(chunk)
+                return b"".join(chunks).decode(errors="replace")
         except OSError:
-            return False
+            return ""
+
+    def healthy(self) -> bool:
+        return self.four_letters("ruok") == "imok"
 
 
 SERVICES: tuple[type[Service], ...] = (MariaDB, Postgres, ZooKeeper)
@@ -495,18 +502,6 @@ class ZooKeeperNode(ZooKeeper):
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
         ])
         self.pid_file.write_text(str(pid))
-
-    def four_letters(self, command: str) -> str:
-        """The reply to a ZooKeeper four-letter command ('' if the node does not answer)."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                sock.sendall(command.encode())
-                chunks = []
-                while chunk := sock.recv(4096):
-                    chunks.append(chunk)
-                return b"".join(chunks).decode(errors="replace")
-        except OSError:
-            return ""
 
     def healthy(self) -> bool:
         """Serving: in a quorum, as its leader or a follower."""

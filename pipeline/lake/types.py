@@ -10,7 +10,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from pipeline.sources.base import Column
+from pipeline.sources.base import Column, element_type
 
 _SIMPLE: dict[str, T.DataType] = {
     "BOOLEAN": T.BooleanType(),
@@ -37,8 +37,9 @@ def spark_type(name: str) -> T.DataType:
     match = _DECIMAL.match(upper)
     if match:
         return T.DecimalType(int(match.group(1)), int(match.group(2)))
-    if upper.startswith("ARRAY<") and upper.endswith(">"):
-        return T.ArrayType(spark_type(upper[6:-1]), True)
+    element = element_type(upper)
+    if element is not None:
+        return T.ArrayType(spark_type(element), True)
     raise ValueError(f"unknown canonical column type {name!r}")
 
 

@@ -20,6 +20,13 @@ datetime.date, datetime.datetime (naive for TIMESTAMP_NTZ, UTC-aware for TIMESTA
 """
 
 
+def element_type(spark_type: str) -> str | None:
+    """The element type of a canonical ``ARRAY<...>`` type; None for any other type."""
+    if spark_type.startswith("ARRAY<") and spark_type.endswith(">"):
+        return spark_type[6:-1]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """A column in its canonical form: name, Spark DDL type, nullability."""

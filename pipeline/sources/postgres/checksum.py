@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.chunking import KeyRange
-from pipeline.sources.base import TableSchema
+from pipeline.sources.base import TableSchema, element_type
 from pipeline.sources.checksum import checksum_columns
 from pipeline.sources.postgres.snapshot import key_bounds_sql
 from pipeline.sources.postgres.sqltext import quote_ident, quote_table
@@ -17,8 +17,9 @@ from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 def _text(col_sql: str, spark_type: str, source_type: str) -> str:
     """SQL text of a value as Spark prints its canonical form (an array: its elements'
     texts, each ``N`` or ``V<length>:<text>``, ``,``-joined; ``compare.row_text``)."""
-    if spark_type.startswith("ARRAY<"):
-        element = _text("_dblog_e", spark_type[6:-1], source_type[:-2])
+    element_spark = element_type(spark_type)
+    if element_spark is not None:
+        element = _text("_dblog_e", element_spark, source_type[:-2])
         piece = ("CASE WHEN _dblog_e IS NULL THEN 'N' ELSE "
                  f"'V' || char_length({element}) || ':' || {element} END")
         return (f"array_to_string(ARRAY(SELECT {piece} FROM unnest({col_sql}) WITH ORDINALITY"  # noqa: S608 - quoted identifiers only

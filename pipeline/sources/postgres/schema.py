@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.errors import SourceError
 from pipeline.events import TableId
-from pipeline.sources.base import Column, TableSchema
+from pipeline.sources.base import Column, TableSchema, element_type
 from pipeline.sources.postgres.types import canonical_type, source_type_name
 
 COLUMNS_SQL = """
@@ -60,7 +60,7 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
 def refuse_array_keys(table: TableId, columns: tuple[Column, ...], key: tuple[str, ...]
                       ) -> None:
     """SourceError when a primary key column is an array (the lake orders keys as scalars)."""
-    arrays = [c.name for c in columns if c.name in key and c.spark_type.startswith("ARRAY<")]
+    arrays = [c.name for c in columns if c.name in key and element_type(c.spark_type)]
     if arrays:
         raise SourceError(f"table {table} has array columns {arrays} in its primary key: "
                           "dblog captures scalar keys only (key the table on other columns)")

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.chunking import chunk_predicate_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key
-from pipeline.sources.base import ChunkSpec, Column, TableSchema
+from pipeline.sources.base import ChunkSpec, Column, TableSchema, element_type
 from pipeline.sources.postgres.sqltext import literal, quote_ident, quote_table
-from pipeline.sources.postgres.types import TEMPORAL, element_type, projection
+from pipeline.sources.postgres.types import TEMPORAL, projection
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -42,6 +42,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pipeline.errors import SourceError
+from pipeline.sources.base import element_type
 
 SESSION_SETTINGS = {
     "DateStyle": "ISO",
@@ -200,13 +201,6 @@ _CONVERTERS: dict[str, Converter] = {
 }
 
 
-def element_type(spark_type: str) -> str | None:
-    """The element type of a canonical ``ARRAY<...>`` type; None for any other type."""
-    if spark_type.startswith("ARRAY<") and spark_type.endswith(">"):
-        return spark_type[6:-1]
-    return None
-
-
 class ArrayShapeError(ValueError):
     """An array value the lake's one-dimensional ARRAY type cannot hold as it is."""
 
@@ -286,8 +280,9 @@ def projection(column_sql: str, source_type: str, spark_type: str) -> str:
     the log's text converts: text forms for temporal types and text-like columns; an
     array's elements each so (as a ``text[]``), and a clear error from the server for an
     array the lake cannot hold (:func:`parse_array`)."""
-    if spark_type.startswith("ARRAY<"):
-        return _array_projection(column_sql, source_type, spark_type)
+    element = element_type(spark_type)
+    if element is not None:
+        return _array_projection(column_sql, source_type, element)
     if spark_type == "TIMESTAMP":
         return (f"to_char({column_sql} AT TIME ZONE 'UTC', "
                 "'YYYY-MM-DD HH24:MI:SS.US')")
@@ -302,9 +297,9 @@ def projection(column_sql: str, source_type: str, spark_type: str) -> str:
     return column_sql
 
 
-def _array_projection(column_sql: str, source_type: str, spark_type: str) -> str:
-    element_sql = projection("_dblog_e", source_type[:-2], spark_type[6:-1])
-    if spark_type == "ARRAY<BINARY>":
+def _array_projection(column_sql: str, source_type: str, element: str) -> str:
+    element_sql = projection("_dblog_e", source_type[:-2], element)
+    if element == "BINARY":
         element_sql = "encode(_dblog_e, 'hex')"  # unhexed by the chunk's cast
     elif "::text" not in element_sql and "to_char" not in element_sql:
         element_sql = f"{element_sql}::text"
