@@ -12,6 +12,7 @@ kept in ``$DBLOG_HOME/secrets.json`` (mode 0600); ``dblog services env`` prints 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -107,7 +108,21 @@ def _pid_alive(pid_file: Path) -> int | None:
         return None
     except PermissionError:
         return pid
+    if _is_zombie(pid):
+        # Killed but not yet reaped (a child of this process, e.g. a test's ensemble node):
+        # it is gone, and `up` must start it again rather than wait for it.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return None
     return pid
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(") ", 1)[-1][:1] == "Z"
 
 
 def _need_binary(path: str, package: str) -> str:

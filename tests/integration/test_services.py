@@ -156,3 +156,22 @@ def test_bad_port_setting_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
 def test_missing_package_is_a_clear_error() -> None:
     with pytest.raises(ServiceError, match="install the Debian package no-such-pkg"):
         svc._need_binary("dblog-no-such-binary", "no-such-pkg")
+
+
+def test_a_killed_service_started_by_this_process_is_not_running(tmp_path: Path) -> None:
+    """A service this process started and that was then killed stays a zombie until reaped;
+    it must count as stopped, or `up` waits for a corpse to become healthy."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    pid_file = tmp_path / "sleep.pid"
+    pid_file.write_text(str(proc.pid))
+    assert svc._pid_alive(pid_file) == proc.pid  # noqa: SLF001
+    os.kill(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert svc._pid_alive(pid_file) is None  # noqa: SLF001
