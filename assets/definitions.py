@@ -34,7 +34,8 @@ def dblog_resource(config: PipelineConfig, config_path: str) -> DblogResource:
                               publication=src.publication),
         zookeeper=ZooKeeperResource(hosts=config.zookeeper_hosts, root=config.zookeeper_root),
         lake=LakeResource(path=str(config.lake)),
-        spark=LazyPySparkResource(spark_config=spark_conf(master=config.spark_master)),
+        spark=LazyPySparkResource(spark_config=spark_conf(
+            master=config.spark_master, extra=config.spark_conf, jars=config.spark_jars)),
     )
 
 

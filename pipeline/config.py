@@ -7,6 +7,7 @@ password (``password_env``).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,9 @@ class PipelineConfig:
 
     source: SourceConfig
     tables: tuple[TableConfig, ...]
-    lake: Path
+    lake: str
+    """The lake root: an absolute local path, or a URI for Spark's Hadoop filesystems
+    (``s3a://bucket/lake``, ``abfss://...``, ``gs://...``, ``hdfs://...``, ``file:///...``)."""
     zookeeper_hosts: str
     zookeeper_root: str = "dblog"
     zookeeper_session_timeout_s: float = 10.0
@@ -123,6 +126,10 @@ class PipelineConfig:
     tail: TailConfig = field(default_factory=TailConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     spark_master: str | None = None
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    """Extra Spark settings from ``spark.conf`` (never credentials)."""
+    spark_jars: tuple[str, ...] = ()
+    """Extra local jar files from ``spark.jars``, shipped beside dblog's own."""
 
     def table(self, name: str | TableId) -> TableConfig:
         wanted = name if isinstance(name, TableId) else TableId.parse(name)
@@ -139,6 +146,33 @@ class PipelineConfig:
 
 def _expand(value: str) -> str:
     return os.path.expandvars(value)
+
+
+def _lake_root(raw: str, base_dir: Path | None) -> str:
+    """An absolute local path, or a URI kept as written (without a trailing ``/``)."""
+    from urllib.parse import urlsplit
+
+    from pipeline.lake.layout import is_uri
+
+    if not is_uri(raw):
+        path = Path(raw)
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        return str(path.resolve())
+    parts = urlsplit(raw)
+    if parts.password is not None:  # abfss://container@account is no credential
+        raise ConfigError("config: lake must not hold credentials (user:secret@ in the URI); "
+                          "give them to Spark's filesystem instead (for s3a: an instance "
+                          "profile or the AWS_* environment variables)")
+    if not parts.netloc and parts.scheme != "file":
+        raise ConfigError(f"config: lake {raw!r} names no bucket or host "
+                          f"(expected {parts.scheme}://bucket/path)")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"config: lake {raw!r} must not have a query or fragment")
+    # Hadoop's own spelling of the URI (``file:///x`` is ``file:/x``, no doubled ``/``):
+    # Delta compares a table's location as text and refuses a second spelling of it.
+    path = re.sub("/+", "/", parts.path).rstrip("/")
+    return f"{parts.scheme}://{parts.netloc}{path}" if parts.netloc else f"{parts.scheme}:{path}"
 
 
 def _require(data: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
@@ -260,9 +294,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     lake_raw = data.get("lake", str(dblog_home() / "lake"))
     if not isinstance(lake_raw, str):
         raise ConfigError("config: lake must be a path")
-    lake = Path(_expand(lake_raw))
-    if not lake.is_absolute():
-        lake = (base_dir or Path.cwd()) / lake
+    lake = _lake_root(_expand(lake_raw), base_dir)
     zk = data.get("zookeeper") or {}
     if not isinstance(zk, Mapping):
         raise ConfigError("config: zookeeper must be a mapping")
@@ -295,7 +327,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     return PipelineConfig(
         source=source,
         tables=tuple(tables),
-        lake=lake.resolve(),
+        lake=lake,
         zookeeper_hosts=_expand(str(zk.get("hosts", "127.0.0.1:${DBLOG_ZK_PORT}"))).replace(
             "${DBLOG_ZK_PORT}", os.environ.get("DBLOG_ZK_PORT", "12181")
         ),
@@ -304,8 +336,46 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         zookeeper_auth_env=_env_name(zk.get("auth_env"), "zookeeper.auth_env"),
         tail=tail,
         capture=capture,
-        spark_master=spark.get("master") if isinstance(spark, Mapping) else None,
+        **_spark_settings(spark),
     )
+
+
+_SECRET_CONF = ("secret", "password", "access.key", "session.token", "sas.token",
+                "credential")
+
+
+def _spark_settings(spark: Any) -> dict[str, Any]:
+    """``spark: {master, conf, jars}``: where Spark runs, extra settings (for example the
+    lake's filesystem and LogStore) and extra local jars (for example hadoop-aws)."""
+    if not isinstance(spark, Mapping):
+        raise ConfigError("config: spark must be a mapping")
+    unknown = set(spark) - {"master", "conf", "jars"}
+    if unknown:
+        raise ConfigError(f"config: unknown spark keys: {', '.join(sorted(unknown))}")
+    master = spark.get("master")
+    if master is not None and not isinstance(master, str):
+        raise ConfigError("config: spark.master must be a string (spark://host:7077, yarn, ...)")
+    conf = spark.get("conf") or {}
+    if not isinstance(conf, Mapping):
+        raise ConfigError("config: spark.conf must be a mapping of Spark settings")
+    settings: dict[str, str] = {}
+    for key, value in conf.items():
+        if not isinstance(key, str) or not key.startswith("spark."):
+            raise ConfigError(f"config: spark.conf key {key!r} is not a Spark setting "
+                              "(spark.*; Hadoop settings are spark.hadoop.*)")
+        if any(word in key.lower() for word in _SECRET_CONF):
+            raise ConfigError(f"config: spark.conf must hold no credentials ({key}): give "
+                              "them to the filesystem through its environment or instance "
+                              "credentials (for s3a: AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY, or an instance profile)")
+        if isinstance(value, (Mapping, list)) or value is None:
+            raise ConfigError(f"config: spark.conf {key} must be a single value")
+        settings[key] = str(value).lower() if isinstance(value, bool) else _expand(str(value))
+    jars = spark.get("jars") or []
+    if not isinstance(jars, list) or not all(isinstance(j, str) for j in jars):
+        raise ConfigError("config: spark.jars must be a list of jar file paths")
+    return {"spark_master": master, "spark_conf": settings,
+            "spark_jars": tuple(_expand(j) for j in jars)}
 
 
 def load_config(path: str | Path) -> PipelineConfig:

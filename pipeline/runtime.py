@@ -72,7 +72,9 @@ class Runtime:
             else:
                 from pipeline.spark import build_spark_session
 
-                self._spark = build_spark_session(master=self.config.spark_master)
+                self._spark = build_spark_session(
+                    master=self.config.spark_master, extra=self.config.spark_conf,
+                    jars=self.config.spark_jars)
         return self._spark
 
     @property

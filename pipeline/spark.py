@@ -8,7 +8,7 @@ exactly those files on the driver and executor class paths.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,17 +35,22 @@ def local_jars(directory: Path | None = None) -> list[Path]:
 
 
 def spark_conf(
-    *, master: str | None = None, extra: Mapping[str, str] | None = None
+    *, master: str | None = None, extra: Mapping[str, str] | None = None,
+    jars: Sequence[str] = (),
 ) -> dict[str, str]:
-    """The Spark configuration dblog uses (Delta extension and catalog, local jars)."""
-    jars = ",".join(str(j) for j in local_jars())
+    """The Spark configuration dblog uses (Delta extension and catalog, local jars), with
+    ``extra`` settings and ``jars`` (a configuration's ``spark.conf`` and ``spark.jars``)."""
+    missing = [j for j in jars if not Path(j).is_file()]
+    if missing:
+        raise ConfigError(f"spark.jars: no such jar file: {', '.join(missing)}")
+    jar_list = ",".join([*(str(j) for j in local_jars()), *jars])
     warehouse = dblog_home() / "spark-warehouse"
     conf = {
         "spark.master": master or os.environ.get("DBLOG_SPARK_MASTER", "local[2]"),
         "spark.app.name": "dblog-delta",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        "spark.jars": jars,
+        "spark.jars": jar_list,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(warehouse),
@@ -71,14 +76,15 @@ def spark_conf(
 
 
 def build_spark_session(
-    *, master: str | None = None, extra: Mapping[str, str] | None = None
+    *, master: str | None = None, extra: Mapping[str, str] | None = None,
+    jars: Sequence[str] = (),
 ) -> SparkSession:
     """Get or create the SparkSession with Delta from local jars (``local[2]`` by default)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
-    for key, value in spark_conf(master=master, extra=extra).items():
+    for key, value in spark_conf(master=master, extra=extra, jars=jars).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("DBLOG_SPARK_LOG_LEVEL", "ERROR"))

@@ -8,7 +8,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 from dagster import ConfigurableResource
 from dagster_pyspark import LazyPySparkResource
@@ -52,7 +51,7 @@ class ZooKeeperResource(ConfigurableResource):  # type: ignore[type-arg]
 
 
 class LakeResource(ConfigurableResource):  # type: ignore[type-arg]
-    """The Delta lake's root directory."""
+    """The Delta lake's root: a local path or a URI (``s3a://bucket/lake``)."""
 
     path: str
 
@@ -80,7 +79,7 @@ class DblogResource(ConfigurableResource):  # type: ignore[type-arg]
                            slot=src.slot, publication=src.publication, secret=src.password),
             zookeeper_hosts=self.zookeeper.hosts,
             zookeeper_root=self.zookeeper.root,
-            lake=Path(self.lake.path),
+            lake=self.lake.path,
         )
 
     def _spark_session(self) -> SparkSession:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,8 @@ from pipeline.events import TableId
 log = logging.getLogger(__name__)
 
 _KEPT = frozenset(string.ascii_letters + string.digits + "_-")
-_warned: set[Path] = set()
+_warned: set[str] = set()
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 def segment(name: str) -> str:
@@ -35,18 +37,29 @@ def _legacy_segment(name: str) -> str:
     return quote(name, safe="") or "%00"
 
 
+def is_uri(root: str) -> bool:
+    """Whether a lake root is a URI (``s3a://bucket/lake``, ``file:///data/lake``) rather
+    than a local path."""
+    return _URI.match(root) is not None
+
+
 @dataclass(frozen=True)
 class LakeLayout:
-    """Paths of one source's Delta tables under the lake root."""
+    """Paths of one source's Delta tables under the lake root: a local path or a URI that
+    Spark's Hadoop filesystems resolve (every path is built as text, never on the driver's
+    disk, so executors on other machines and object stores see the same paths)."""
 
-    root: Path
+    root: str | Path
     source: str
 
-    def table_dir(self, table: TableId) -> Path:
+    def table_dir(self, table: TableId) -> str:
         names = (self.source, table.database, table.table)
-        current = self.root.joinpath(*map(segment, names))
-        legacy = self.root.joinpath(*map(_legacy_segment, names))
-        if legacy != current and legacy.exists() and not current.exists():
+        root = str(self.root).rstrip("/")
+        current = "/".join((root, *map(segment, names)))
+        if is_uri(root):
+            return current
+        legacy = "/".join((root, *map(_legacy_segment, names)))
+        if legacy != current and Path(legacy).exists() and not Path(current).exists():
             if legacy not in _warned:
                 _warned.add(legacy)
                 log.warning("%s is in its older, URL-escaped lake path %s, which delta-rs cannot "
@@ -56,10 +69,10 @@ class LakeLayout:
         return current
 
     def changelog(self, table: TableId) -> str:
-        return str(self.table_dir(table) / "changelog")
+        return f"{self.table_dir(table)}/changelog"
 
     def mirror(self, table: TableId) -> str:
-        return str(self.table_dir(table) / "mirror")
+        return f"{self.table_dir(table)}/mirror"
 
     def staging(self, table: TableId) -> str:
-        return str(self.table_dir(table) / "_staging")
+        return f"{self.table_dir(table)}/_staging"

@@ -115,8 +115,10 @@ def test_verify_status_pause_resume(
 def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str], db: str,
                                 source: str) -> None:
-    cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db, lake=tmp_path / "lake",
-                            chunk_size=50, tables=[f"{db}.t"])
+    # The lake root as a URI: every lake path goes through Spark's Hadoop filesystems as
+    # text (as for s3a://), none through the driver's local disk.
+    cfg = source_kit.config(tmp_path / "c.yaml", source=source, db=db,
+                            lake=f"file://{tmp_path}/lake", chunk_size=50, tables=[f"{db}.t"])
     data = yaml.safe_load(cfg.read_text())
     data["capture"]["max_in_flight"] = 2
     cfg.write_text(yaml.safe_dump(data))
@@ -215,7 +217,7 @@ def test_maintain_compacts_small_files_refuses_beside_a_tailer_and_the_tailer_do
     import deltalake
 
     db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
-    cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"])
+    cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"], lake=f"file://{tmp_path}/lake")
     conn = connect(env, db)
 
     def insert_and_tail(first: int) -> None:

@@ -27,7 +27,29 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.capture.chunk_max_rows == 200_000
     assert config.tail.maintain_every_s == 3600.0
     assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
-    assert config.lake == (tmp_path / "lake").resolve()
+    assert config.lake == str((tmp_path / "lake").resolve())
+
+
+@pytest.mark.parametrize(("uri", "root"), [
+    ("s3a://bucket/lake/", "s3a://bucket/lake"),
+    ("abfss://c@acct.dfs.core.windows.net/l", "abfss://c@acct.dfs.core.windows.net/l"),
+    ("gs://bucket//lake", "gs://bucket/lake"), ("hdfs://nn:8020/lake", "hdfs://nn:8020/lake"),
+    ("file:///data/lake", "file:/data/lake"), ("file:/data/lake/", "file:/data/lake"),
+])
+def test_a_lake_uri_is_kept_in_hadoop_s_spelling(uri: str, root: str) -> None:
+    assert parse_config({**GOOD, "lake": uri}).lake == root
+
+
+def test_spark_settings_and_jars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:9000")
+    config = parse_config({**GOOD, "spark": {
+        "master": "spark://h:7077", "jars": ["/opt/jars/hadoop-aws.jar"],
+        "conf": {"spark.hadoop.fs.s3a.endpoint": "${S3_ENDPOINT}",
+                 "spark.hadoop.fs.s3a.path.style.access": True}}})
+    assert config.spark_master == "spark://h:7077"
+    assert config.spark_jars == ("/opt/jars/hadoop-aws.jar",)
+    assert config.spark_conf == {"spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+                                 "spark.hadoop.fs.s3a.path.style.access": "true"}
 
 
 def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,6 +85,16 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"zookeeper": {"session_timeout": 5}}, "unknown zookeeper keys: session_timeout"),
         ({"zookeeper": {"session_timeout_s": 1}}, "session_timeout_s must be between 2 and"),
         ({"zookeeper": {"session_timeout_s": "long"}}, "must be a positive number"),
+        ({"lake": "s3a://AKIA:secret@bucket/lake"}, "must not hold credentials"),
+        ({"lake": "s3a:///lake"}, "names no bucket"),
+        ({"lake": "s3a://bucket/lake?x=1"}, "query or fragment"),
+        ({"lake": 3}, "lake must be a path"),
+        ({"spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "x"}}}, "no credentials"),
+        ({"spark": {"conf": {"fs.s3a.endpoint": "x"}}}, "is not a Spark setting"),
+        ({"spark": {"conf": {"spark.x": [1]}}}, "must be a single value"),
+        ({"spark": {"jars": "a.jar"}}, "must be a list of jar file paths"),
+        ({"spark": {"executors": 3}}, "unknown spark keys: executors"),
+        ({"spark": ["local[2]"]}, "spark must be a mapping"),
     ],
 )
 def test_bad_config(patch: dict[str, Any], message: str) -> None:
@@ -107,3 +139,10 @@ def test_zookeeper_credentials_come_from_the_environment(
     assert parse_config(GOOD).zookeeper_auth is None
     with pytest.raises(ConfigError, match="must name an environment variable"):
         parse_config({**GOOD, "zookeeper": {"auth_env": "dblog:hunter2"}})
+
+
+def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
+    from pipeline.spark import spark_conf
+
+    with pytest.raises(ConfigError, match="no such jar file: .*hadoop-aws.jar"):
+        spark_conf(jars=[str(tmp_path / "hadoop-aws.jar")])

@@ -67,9 +67,17 @@ def test_lake_path_segments_are_distinct_plain_and_never_escapes_delta_rs_decode
 def test_a_lake_written_with_url_escaped_paths_is_still_found(tmp_path: Path) -> None:
     layout = LakeLayout(tmp_path, "src")
     odd = TableId("my db", "t")
-    assert layout.table_dir(odd) == tmp_path / "src" / "my~20db" / "t"
-    assert layout.table_dir(TableId("shop", "items")) == tmp_path / "src" / "shop" / "items"
+    assert layout.table_dir(odd) == str(tmp_path / "src" / "my~20db" / "t")
+    assert layout.table_dir(TableId("shop", "items")) == str(tmp_path / "src" / "shop" / "items")
     (tmp_path / "src" / "my%20db" / "t").mkdir(parents=True)
-    assert layout.table_dir(odd) == tmp_path / "src" / "my%20db" / "t"
+    assert layout.table_dir(odd) == str(tmp_path / "src" / "my%20db" / "t")
     (tmp_path / "src" / "my~20db" / "t").mkdir(parents=True)  # renamed by the operator
-    assert layout.table_dir(odd) == tmp_path / "src" / "my~20db" / "t"
+    assert layout.table_dir(odd) == str(tmp_path / "src" / "my~20db" / "t")
+
+
+def test_a_uri_lake_root_is_joined_as_text() -> None:
+    layout = LakeLayout("s3a://bucket/lake/", "src")
+    table = TableId("Sales db", "Order Lines")
+    assert layout.changelog(table) == "s3a://bucket/lake/src/Sales~20db/Order~20Lines/changelog"
+    assert layout.mirror(table).startswith("s3a://bucket/lake/src/")
+    assert layout.staging(table).endswith("/_staging")
