@@ -7,20 +7,27 @@ soon as the lock frees up (e.g. when a crashed tailer's ZooKeeper session expire
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pipeline.errors import DblogError, LeadershipLost, LockHeld
+from pipeline.outage import unreachable
 
 if TYPE_CHECKING:
     from pipeline.tailer import Tailer, TailSummary
 
 
+log = logging.getLogger(__name__)
+
+
 class BackgroundTailer:
     """A tailer on a daemon thread; :meth:`check` re-raises its failure in the caller."""
 
-    def __init__(self, tailer: Tailer) -> None:
+    def __init__(self, tailer: Tailer, outage_patience_s: float = 120.0) -> None:
         self.tailer = tailer
+        self.outage_patience_s = outage_patience_s
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="dblog-tailer", daemon=True)
@@ -28,20 +35,34 @@ class BackgroundTailer:
         self.summary: TailSummary | None = None
 
     def _main(self) -> None:
+        outage_began: float | None = None
         try:
             while not self._stop.is_set():
+                began = time.monotonic()
                 try:
                     self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0)
                     self.external = False
                     return
                 except LockHeld:
                     self.external = True
+                    outage_began = None
                     self._stop.wait(1.0)
                 except LeadershipLost:
                     # Our ZooKeeper session was interrupted: another tailer may write now.
                     # Stand by like any other contender.
                     self.external = True
                     self._stop.wait(1.0)
+                except Exception as exc:
+                    # The source or ZooKeeper restarting: try again, for a while.
+                    reason = unreachable(exc)
+                    now = time.monotonic()
+                    if outage_began is None or now - began > 10.0:
+                        outage_began = now  # a new outage: the tailer had been running
+                    if reason is None or now - outage_began > self.outage_patience_s:
+                        raise
+                    log.warning("in-process tailer: %s; trying again", reason)
+                    self.external = True
+                    self._stop.wait(2.0)
         except BaseException as exc:  # surfaced by check()
             self._error = exc
 

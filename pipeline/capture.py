@@ -37,6 +37,7 @@ from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, retry_concurrent_commits
 from pipeline.lake.types import quote_ident
+from pipeline.outage import ride_out
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import RangeProgress, StateStore, WindowState
 from pipeline.tailer import chunk_path
@@ -55,6 +56,8 @@ class CaptureOptions:
     position_timeout_s: float = 120.0
     """How long a range waits for the tailer's first committed position before it starts."""
     chunk_sizes: dict[TableId, int] = field(default_factory=dict)
+    outage_patience_s: float = 120.0
+    """How long a capture retries while the source or ZooKeeper cannot be reached."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,14 @@ class Capturer:
             raise DblogError(f"capture {capture_id} has no key ranges (its creation was "
                              "interrupted): cancel it and start a new capture")
         for range_id in range_ids:
-            report = self.run_range(capture_id, range_id, stop=stop, on_progress=on_progress)
+            # A source or ZooKeeper restart mid-chunk is ridden out: the range goes on from
+            # its saved progress (open windows settled as after a crash).
+            report = ride_out(
+                partial(self.run_range, capture_id, range_id, stop=stop,
+                        on_progress=on_progress),
+                patience_s=self.options.outage_patience_s, stop=stop,
+                what=f"capture {capture_id} stopped, its progress saved: run `dblog resume "
+                     "TABLE` once the service is back")
             reports.append(report)
             if report.status in ("paused", "cancelled", "stopped"):
                 break

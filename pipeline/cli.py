@@ -8,12 +8,16 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.errors import ConfigError, DblogError
 
 DEFAULT_CONFIG = "dblog.yaml"
+TAIL_OUTAGE_PATIENCE_S = 300.0
+"""How long a continuous ``dblog tail`` keeps trying while the source or ZooKeeper cannot
+be reached (then it stops with the error)."""
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -50,6 +54,7 @@ def _stop_on_signals() -> threading.Event:
 
 def _tail(args: argparse.Namespace) -> int:
     from pipeline.errors import LeadershipLost, LockHeld
+    from pipeline.outage import unreachable
     from pipeline.runtime import open_runtime
 
     config = _config(args)
@@ -75,7 +80,9 @@ def _tail(args: argparse.Namespace) -> int:
             holder = rt.state.lock_holder()
             if holder is not None:
                 print(f"tail: standing by, the tailer lock is held by {holder}", flush=True)
+        outage_began: float | None = None
         while True:
+            began = time.monotonic()
             try:
                 summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
                                      reset_to_head=args.from_head, lock_timeout=wait)
@@ -92,6 +99,19 @@ def _tail(args: argparse.Namespace) -> int:
                 if wait is not None or stop.is_set():
                     raise
                 print(f"tail: {exc}; standing by again", flush=True)
+                tailer = rt.tailer(on_batch=report)
+            except Exception as exc:
+                # The source or ZooKeeper restarting: a continuous tail tries again (from
+                # its committed position) for TAIL_OUTAGE_PATIENCE_S in a row.
+                reason = unreachable(exc)
+                now = time.monotonic()
+                if outage_began is None or now - began > 10.0:
+                    outage_began = now
+                if (reason is None or wait is not None or stop.is_set()
+                        or now - outage_began > TAIL_OUTAGE_PATIENCE_S):
+                    raise
+                print(f"tail: {reason}; trying again", flush=True)
+                stop.wait(2.0)
                 tailer = rt.tailer(on_batch=report)
         if args.from_head:
             print("tail: position reset to the head of the log; run `dblog capture` next")
