@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SEEDS ?= 3
 
-.PHONY: setup services-up services-down lint test test-slow test-unit demo dagster clean
+.PHONY: setup services-up services-down lint test test-slow test-unit chaos demo dagster clean
 
 setup:  ## install Debian packages, the virtual environment and the Spark jars (idempotent)
 	@bash scripts/setup.sh
@@ -27,6 +27,11 @@ test: services-up lint  ## the whole suite against the real services (what CI ru
 
 test-slow: services-up  ## the long suites (every crash point); not part of `make test`
 	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25 -m slow
+
+ROUNDS ?= 100
+chaos: services-up  ## the chaos run: ROUNDS kills of tailers, captures, ZooKeeper and MariaDB
+	@DBLOG_CHAOS_ROUNDS=$(ROUNDS) DBLOG_CHAOS_RESULTS=$(CURDIR)/bench/results/chaos.json \
+		$(PY) -m pytest tests/integration/test_chaos.py -q -s -p no:cacheprovider
 
 demo: services-up  ## the main job on the embedded default configuration
 	@$(PY) -m pipeline.demo

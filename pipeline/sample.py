@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -36,6 +37,8 @@ SCHEMA = [
 ]
 TABLES = ("accounts", "orders")
 REGIONS = ("eu", "us", "ap")
+LOST_CONNECTION = (2003, 2006, 2013)
+"""Client errors of a connection the server closed or refused (a restart)."""
 
 
 q = quote_ident
@@ -88,8 +91,12 @@ class Workload:
     """When > 0, writers never touch an existing key divisible by it (ids, order numbers), so
     a test's "untouched rows were captured exactly once" check always has rows to check,
     however long the capture runs."""
+    survive_outages: bool = False
+    """When true, a writer whose connection is lost (the server restarting) reconnects and
+    goes on; a transaction that was in flight may or may not have committed."""
     touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
     ops: int = 0
+    outages: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _errors: list[BaseException] = field(default_factory=list)
@@ -116,20 +123,51 @@ class Workload:
 
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
-        conn = connect(self.ep, self.db, autocommit=False)
+        conn: Any = None
         try:
             while not self._stop.is_set():
+                if conn is None:
+                    conn = self._connect()
+                    if conn is None:
+                        continue
                 try:
                     self._transaction(conn, rng)
                 except pymysql.err.OperationalError as exc:
+                    if self.survive_outages and exc.args[0] in LOST_CONNECTION:
+                        self._lost(conn)
+                        conn = None
+                        continue
                     if exc.args[0] not in (1213, 1205):  # deadlock / lock wait: retry
                         raise
                     conn.rollback()
+                except pymysql.err.InterfaceError:
+                    if not self.survive_outages:
+                        raise
+                    self._lost(conn)
+                    conn = None
+                    continue
                 time.sleep(rng.random() * self.pause_s)
         except BaseException as exc:
             self._errors.append(exc)
         finally:
+            if conn is not None:
+                conn.close()
+
+    def _connect(self) -> Any:
+        try:
+            return connect(self.ep, self.db, autocommit=False)
+        except pymysql.err.OperationalError as exc:
+            if not (self.survive_outages and exc.args[0] in LOST_CONNECTION):
+                raise
+            time.sleep(0.5)  # the server is restarting
+            return None
+
+    def _lost(self, conn: Any) -> None:
+        with self._lock:
+            self.outages += 1
+        with contextlib.suppress(Exception):
             conn.close()
+        time.sleep(0.2)
 
     def _transaction(self, conn: Any, rng: random.Random) -> None:
         statements = rng.choice([1, 1, 1, 2, 3, 5])
@@ -205,7 +243,7 @@ class Workload:
         return "orders", (region, order_no)
 
 
-def config_dict(*, source: str, ep: Endpoints, tables: list[str], lake: Path,
+def config_dict(*, source: str, ep: Endpoints, tables: list[str], lake: Path | str,
                 server_id: int | None = None, chunk_size: int = 250, max_in_flight: int = 4,
                 batch_seconds: float = 0.5, poll_seconds: float = 0.2,
                 chunk_max_rows: int | None = None) -> dict[str, Any]:

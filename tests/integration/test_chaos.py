@@ -1,0 +1,86 @@
+"""Chaos: writers run while a capture and two tailers (three processes, as on three hosts)
+are killed one at a time at random moments, with ZooKeeper and MariaDB restarts between;
+then mirror == source, an independent replay == source, no duplicate, no key back in
+position. ``make test`` runs 4 rounds (each kind of kill once, in a random order); ``make chaos ROUNDS=N`` runs N and writes its record
+to bench/results/chaos.json ($DBLOG_CHAOS_RESULTS)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.events import TableId
+from pipeline.runtime import open_runtime
+from pipeline.sample import TABLES, Workload
+from pipeline.services import Endpoints
+from pipeline.verify import verify_table
+from tests.integration.chaos import Chaos
+from tests.integration.checks import check_table
+from tests.integration.sources import KEYS, MariaDbKit
+
+pytestmark = pytest.mark.integration
+
+ROUNDS = int(os.environ.get("DBLOG_CHAOS_ROUNDS", "4"))  # the smoke: each kind of kill once
+SESSION_TIMEOUT_S = 4.0
+
+
+def test_chaos(services: Endpoints, spark: Any, tmp_path: Path) -> None:
+    seed = int(os.environ.get("DBLOG_CHAOS_SEED", random.randrange(10**6)))
+    print(f"\nchaos: {ROUNDS} rounds, seed {seed} (DBLOG_CHAOS_SEED={seed} repeats the choices)")
+    kit = MariaDbKit(services)
+    db = kit.create("chaos", accounts=2000, orders=1500, seed=seed)
+    tables = [f"{db}.{t}" for t in TABLES]
+    with kit.cleaned(db, "chaos") as source:
+        path = kit.config(tmp_path / "c.yaml", source=source, db=db, lake=tmp_path / "lake",
+                          chunk_size=200, batch_seconds=0.5)
+        data = yaml.safe_load(path.read_text())
+        data["zookeeper"]["session_timeout_s"] = SESSION_TIMEOUT_S
+        path.write_text(yaml.safe_dump(data))
+        config = load_config(path)
+        env = {**os.environ, kit.password_env: kit.password}
+        began = time.monotonic()
+        with open_runtime(config, spark=spark, validate=False) as rt:
+            chaos = Chaos(path, tables, tmp_path, env, random.Random(seed), rt.state.lock_holder)
+            workload = Workload(services, db, seed, pause_s=0.05, survive_outages=True).start()
+            try:
+                chaos.start()
+                for number in range(1, ROUNDS + 1):
+                    event = chaos.round(number)
+                    print(f"round {number}: {event['detail']} ({event['seconds']}s)", flush=True)
+                time.sleep(3)  # writes after the last kill too
+                workload.stop()
+                chaos.reap()
+                chaos.finish_capture(timeout=600)
+                rt.wait_caught_up(lambda: None, timeout=300)
+                codes = chaos.stop_tails()
+            finally:
+                workload.stop()
+                chaos.kill_all()
+            elapsed = time.monotonic() - began
+            results = os.environ.get("DBLOG_CHAOS_RESULTS")
+            if results:
+                chaos.write(Path(results), seed=seed, seconds=round(elapsed),
+                            writer_ops=workload.ops, writer_outages=workload.outages,
+                            date=time.strftime("%Y-%m-%d"), cores=os.cpu_count())
+            summary = chaos.summary()
+            print(f"chaos: {summary['rounds']} rounds in {elapsed:.0f}s, kills {summary['kills']},"
+                  f" {summary['captures_done']} captures done, {workload.ops} writes,"
+                  f" {workload.outages} writer reconnects; unexpected exits:")
+            for exit_ in summary["unexpected_exits"]:
+                print(f"  {exit_['role']} exit {exit_['code']}: {exit_['last']}")
+            assert codes == [0, 0], [t.last_lines(10) for t in chaos.tails]
+            for table in TABLES:
+                tid = TableId(db, table)
+                report = verify_table(rt.dialect, rt.sink, tid)
+                assert report.ok, report.summary()
+                check_table(spark, services, db, table, KEYS[table], rt.layout.changelog(tid),
+                            expected_rows=kit.rows(db, table))
+            assert chaos.captures_done >= 1
+            rt.state.delete("", recursive=True)
