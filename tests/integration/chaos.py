@@ -89,14 +89,26 @@ class Chaos:
     captures_done: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     deck: list[str] = field(default_factory=list)
+    started: int = 0
 
     def start(self) -> None:
         self.tails = [self._tail(), self._tail()]
         self.capture = self._process("capture", ["capture", *self.tables])
 
     def _process(self, role: str, argv: list[str]) -> Process:
-        return Process(role, ["-c", str(self.config), *argv], self.workdir / f"{role}.log",
-                       self.env)
+        self.started += 1
+        return Process(role, ["-c", str(self.config), *argv],
+                       self.workdir / f"{self.started:03d}-{role}.log", self.env)
+
+    def wait_tails_ready(self, timeout: float = 180) -> None:
+        """Until each tailer writes or stands by (so a stop finds it past its start-up)."""
+        deadline = time.monotonic() + timeout
+        for tail in self.tails:
+            while not ("standing by" in tail.log.read_text(errors="replace")
+                       or _quietly(self.lock_holder) == tail.identifier):
+                assert tail.alive(), tail.last_lines(20)
+                assert time.monotonic() < deadline, f"a tailer never started: {tail.log}"
+                time.sleep(0.5)
 
     def _tail(self) -> Process:
         return self._process("tail", ["tail"])

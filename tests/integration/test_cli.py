@@ -107,7 +107,7 @@ def test_verify_status_pause_resume(
 ) -> None:
     """Part of the contract suite (runs for every source database): pause, status, resume,
     verify, and repair captures of chosen keys and of a WHERE filter."""
-    db = source_kit.simple_table("cli", 600)
+    db = source_kit.simple_table("cli", 400)
     with source_kit.cleaned(db, "cli") as source:
         _verify_status_pause_resume(source_kit, spark, tmp_path, capsys, db, source)
 
@@ -153,7 +153,7 @@ def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Pat
         code, out, _ = run(capsys, "-c", str(cfg), "resume", f"{db}.t")
         assert code == 0, out
         final = next(iter(rt.state.list_ranges(capture_id).values())).value
-        assert final.done and final.rows_emitted == 600
+        assert final.done and final.rows_emitted == 400
         code, out, _ = run(capsys, "-c", str(cfg), "verify")
         assert code == 0 and "verify: OK" in out
         # A change the tailer has not seen: verify exits 1 and names the key.
@@ -164,17 +164,17 @@ def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Pat
         frame = check_table(spark, source_kit.ep, db, "t", ("id",), rt.layout.changelog(table),
                             expected_rows=source_kit.rows(db, "t", ("id",)))
         reads = frame[frame["op"] == "r"]
-        assert len(reads) == 600 and reads["after"].map(lambda a: a["id"]).is_unique
+        assert len(reads) == 400 and reads["after"].map(lambda a: a["id"]).is_unique
     # Repair captures: chosen keys, and a WHERE filter.
     assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--keys", "5", "7", "123")[0] == 0
-    assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--where", "id > 590")[0] == 0
+    assert run(capsys, "-c", str(cfg), "capture", f"{db}.t", "--where", "id > 390")[0] == 0
     with open_runtime(config, spark=spark) as rt:
         frame = check_table(spark, source_kit.ep, db, "t", ("id",), rt.layout.changelog(table),
                             expected_rows=source_kit.rows(db, "t", ("id",)))
         reads = frame[frame["op"] == "r"]
         counts = reads["after"].map(lambda a: a["id"]).value_counts()
         twice = sorted(int(k) for k, n in counts.items() if n == 2)
-        assert twice == [5, 7, 123, *range(591, 601)] and counts.max() == 2
+        assert twice == [5, 7, 123, *range(391, 401)] and counts.max() == 2
         history = spark.sql(f"DESCRIBE HISTORY delta.`{rt.layout.changelog(table)}`").collect()
         metadata = [h["userMetadata"] for h in history if h["operation"] == "WRITE"]
         assert metadata and all('"dblog.batch"' in m for m in metadata)
