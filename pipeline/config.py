@@ -171,8 +171,9 @@ def _lake_root(raw: str, base_dir: Path | None) -> str:
         raise ConfigError(f"config: lake {raw!r} must not have a query or fragment")
     # Hadoop's own spelling of the URI (``file:///x`` is ``file:/x``, no doubled ``/``):
     # Delta compares a table's location as text and refuses a second spelling of it.
-    path = re.sub("/+", "/", parts.path).rstrip("/")
-    return f"{parts.scheme}://{parts.netloc}{path}" if parts.netloc else f"{parts.scheme}:{path}"
+    within = re.sub("/+", "/", parts.path).rstrip("/")
+    return (f"{parts.scheme}://{parts.netloc}{within}" if parts.netloc
+            else f"{parts.scheme}:{within}")
 
 
 def _require(data: Mapping[str, Any], key: str, where: str, kind: type) -> Any:
