@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database and lakes")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rows, args.writers_tps = 5000, min(args.writers_tps, 50.0)
+        args.rows, args.writers_tps = 2000, min(args.writers_tps, 50.0)
         args.capture_timeout = min(args.capture_timeout, 120.0)
     output = args.output or RESULTS_DIR / ("capture-smoke.json" if args.smoke else "capture.json")
 

@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database and lake")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.tps, args.writers, args.seconds = min(args.tps, 200.0), 1, 5.0
+        args.tps, args.writers, args.seconds = min(args.tps, 200.0), 1, 3.0
         args.warmup, args.prefill, args.drain_timeout = 1.0, 1000, 60.0
     output = args.output or RESULTS_DIR / ("latency-smoke.json" if args.smoke
                                            else "latency.json")

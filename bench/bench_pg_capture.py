@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.rows, args.capture_timeout = 5000, 120.0
+        args.rows, args.capture_timeout = 2000, 120.0
         args.writers_tps = min(args.writers_tps, 50.0)
     output = args.output or RESULTS_DIR / (
         "pg-capture-smoke.json" if args.smoke else "pg-capture.json")

@@ -40,7 +40,7 @@ def test_chaos(services: Endpoints, spark: Any, tmp_path: Path,
     kit = MariaDbKit(services)
     monkeypatch.setenv(kit.password_env, kit.password)
     smoke = ROUNDS < 10
-    db = kit.create("chaos", accounts=1000 if smoke else 2000, orders=800 if smoke else 1500,
+    db = kit.create("chaos", accounts=700 if smoke else 2000, orders=500 if smoke else 1500,
                     seed=seed)
     tables = [f"{db}.{t}" for t in TABLES]
     with kit.cleaned(db, "chaos") as source:
@@ -54,7 +54,7 @@ def test_chaos(services: Endpoints, spark: Any, tmp_path: Path,
         began = time.monotonic()
         with open_runtime(config, spark=spark, validate=False) as rt:
             chaos = Chaos(path, tables, tmp_path, env, random.Random(seed), rt.state.lock_holder,
-                          gap_s=(1.5, 4.0) if smoke else (3.0, 9.0))
+                          gap_s=(1.0, 3.0) if smoke else (3.0, 9.0))
             workload = Workload(services, db, seed, pause_s=0.05, survive_outages=True).start()
             try:
                 chaos.start()
