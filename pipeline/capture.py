@@ -208,21 +208,30 @@ class Capturer:
         stop: threading.Event | None = None,
         on_progress: Callable[[RangeReport], None] | None = None,
     ) -> list[RangeReport]:
-        """Run every unfinished range of the capture, in order; returns one report each."""
+        """Run every unfinished range of the capture, in order; returns one report each.
+
+        A source or ZooKeeper restart meanwhile is ridden out: the capture goes on from its
+        saved progress (ranges already done report as done again)."""
+        return ride_out(
+            partial(self._run, capture_id, stop=stop, on_progress=on_progress),
+            patience_s=self.options.outage_patience_s, stop=stop,
+            what=f"capture {capture_id} stopped, its progress saved: run `dblog resume "
+                 "TABLE` once the service is back")
+
+    def _run(
+        self,
+        capture_id: str,
+        *,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[RangeReport], None] | None = None,
+    ) -> list[RangeReport]:
         reports = []
         range_ids = sorted(self.state.list_ranges(capture_id))
         if not range_ids:
             raise DblogError(f"capture {capture_id} has no key ranges (its creation was "
                              "interrupted): cancel it and start a new capture")
         for range_id in range_ids:
-            # A source or ZooKeeper restart mid-chunk is ridden out: the range goes on from
-            # its saved progress (open windows settled as after a crash).
-            report = ride_out(
-                partial(self.run_range, capture_id, range_id, stop=stop,
-                        on_progress=on_progress),
-                patience_s=self.options.outage_patience_s, stop=stop,
-                what=f"capture {capture_id} stopped, its progress saved: run `dblog resume "
-                     "TABLE` once the service is back")
+            report = self.run_range(capture_id, range_id, stop=stop, on_progress=on_progress)
             reports.append(report)
             if report.status in ("paused", "cancelled", "stopped"):
                 break

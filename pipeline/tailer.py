@@ -27,7 +27,7 @@ from typing import Any
 
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.chunking import KeyRange
-from pipeline.errors import LeadershipLost, StateConflict
+from pipeline.errors import LeadershipLost, SourceError, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.lake.sink import DeltaSink, TableBatch
@@ -251,6 +251,17 @@ class Tailer:
                     f"the ZooKeeper session of the tailer for {self.state.source} was "
                     f"interrupted ({exc}); another tailer may have taken over, so this one "
                     "stops writing") from exc
+            raise
+        except SourceError as exc:
+            # A tailer that lost its lock meanwhile sees its log stream ended by the one that
+            # took over (MariaDB ends a replica connection when another with the same
+            # server_id connects): that is the fencing at work, not a failure.
+            try:
+                self.state.check_leader()
+            except (LeadershipLost, StateUnavailable):
+                raise LeadershipLost(
+                    f"the tailer for {self.state.source} lost its lock, and then its log "
+                    f"stream ({exc}); another tailer has taken over") from exc
             raise
 
     # ---- the loop ---------------------------------------------------------------------

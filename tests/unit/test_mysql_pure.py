@@ -298,3 +298,17 @@ def test_ddl_targets(sql: str, tables: list[tuple[str, str]], dbs: list[str]) ->
     got_tables, got_dbs = ddl_targets(sql, "d")
     assert got_tables == [TableId(*t) for t in tables]
     assert got_dbs == dbs
+
+
+def test_a_replica_with_the_same_server_id_is_named_with_its_fix() -> None:
+    import pymysql
+
+    from pipeline.errors import SourceError, SourceUnavailable
+    from pipeline.sources.mysql.connection import translate
+
+    settings = MySqlSettings("main", "127.0.0.1", 13306, "dblog", "pw", server_id=7001)
+    error = translate(pymysql.err.OperationalError(
+        4052, "A slave with the same server_uuid/server_id as this slave has connected"),
+        settings, "reading the binlog")
+    assert isinstance(error, SourceError) and not isinstance(error, SourceUnavailable)
+    assert "same server_id (7001)" in str(error) and "source.server_id" in str(error)

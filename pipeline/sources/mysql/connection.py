@@ -12,6 +12,7 @@ from pipeline.errors import DblogError, SourceError, SourceUnavailable
 # Client-side error codes meaning "cannot reach the server" (CR_* in errmsg.h).
 UNREACHABLE_CODES = frozenset({2002, 2003, 2005, 2006, 2013, 2055})
 ACCESS_DENIED = 1045
+SAME_SERVER_ID = 4052  # MariaDB's ER_SLAVE_SAME_ID
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ def translate(exc: BaseException, settings: MySqlSettings, doing: str = "") -> D
     prefix = f"{doing}: " if doing else ""
     if code in UNREACHABLE_CODES or isinstance(exc, OSError | TimeoutError):
         return SourceUnavailable(f"{prefix}cannot reach {where}: {detail}")
+    if code == SAME_SERVER_ID:
+        return SourceError(
+            f"{prefix}{where} ended this binlog connection because another replica connected "
+            f"with the same server_id ({settings.server_id}): give each dblog source its own "
+            "source.server_id, unused by the server's replicas"
+        )
     if code == ACCESS_DENIED:
         return SourceError(
             f"{prefix}access denied for user {settings.user!r} at {settings.address}: "
