@@ -56,6 +56,7 @@ def _tail(args: argparse.Namespace) -> int:
     from pipeline.errors import LeadershipLost, LockHeld
     from pipeline.outage import unreachable
     from pipeline.runtime import open_runtime
+    from pipeline.state import StateUnavailable
 
     config = _config(args)
     stop = _stop_on_signals()
@@ -77,7 +78,10 @@ def _tail(args: argparse.Namespace) -> int:
         # Spark is set up before standing by, so a take-over starts writing at once.
         tailer = rt.tailer(on_batch=report)
         if wait is None:
-            holder = rt.state.lock_holder()
+            try:
+                holder = rt.state.lock_holder()
+            except StateUnavailable:  # ZooKeeper restarting: the loop below tries again
+                holder = None
             if holder is not None:
                 print(f"tail: standing by, the tailer lock is held by {holder}", flush=True)
         outage_began: float | None = None
