@@ -85,6 +85,10 @@ CHANGELOG_STATS = {
 (Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
 ``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
 has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
+STAGING_STATS = {"delta.dataSkippingNumIndexedCols": "1"}
+"""Statistics of a new staging table: the window id alone (its first column), by which an
+emission reads its chunk; statistics on a chunk's other columns would only cost the capture
+time."""
 MIRROR_LSN = "dblog.mirror_lsn"
 """Commit metadata of a mirror MERGE: every changelog row with ``_dblog_lsn`` at or below
 this is in the mirror (a MERGE of the code before deferred merges recorded
@@ -503,7 +507,7 @@ class DeltaSink:
         if not self._exists(path, self._staging_spark):
             # Staging is read by Spark only: type widening lets a chunk selected after a
             # MODIFY COLUMN append with mergeSchema.
-            props = {**table_properties(df.columns), **TYPE_WIDENING}
+            props = {**table_properties(df.columns), **TYPE_WIDENING, **STAGING_STATS}
             del props["delta.enableChangeDataFeed"]
             self._create_table(path, staged.schema, props, self._staging_spark)
         staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
@@ -760,8 +764,9 @@ class DeltaSink:
             return 0, []
         changes = reduce(DataFrame.unionByName, parts)
         commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id}
-        # One emission alone comes out of its numbering in position order already.
-        in_order = len(parts) == 1 and not (tb.events or tb.truncates)
+        # Already in position order, partition after partition: one emission alone (its
+        # numbering), or log events alone (handed over in log order); no shuffle then.
+        in_order = len(parts) == 1 and not tb.truncates
         self._append_changelog(table, changes, batch, commit_metadata, app_id,
                                in_order=in_order)
         if tb.truncates:
@@ -895,11 +900,14 @@ class DeltaSink:
     def _append_changelog(self, table: TableId, changes: DataFrame, batch: int,
                           metadata: Mapping[str, Any], app_id: str | None, *,
                           in_order: bool = False) -> None:
-        """One idempotent append of the batch, in position order (skipped by Delta when an
-        earlier attempt committed it). ``in_order``: ``changes`` is one partition in
-        position order already."""
+        """One idempotent append of the batch as one file in position order (skipped by
+        Delta when an earlier attempt committed it). ``in_order``: ``changes`` is in
+        position order already, partition after partition, so joining its partitions
+        keeps that order without a shuffle."""
         path = self.layout.changelog(table)
-        if not in_order:
+        if in_order:
+            changes = changes.coalesce(1)
+        else:
             changes = changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
         (changes.write.format("delta")
          .mode("append")

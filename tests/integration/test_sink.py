@@ -94,6 +94,40 @@ def test_a_batch_still_carries_its_markers_and_is_skipped_on_replay(
     assert sink.spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
 
 
+@pytest.mark.parametrize("with_truncate", [False, True], ids=["log events", "with a truncate"])
+def test_a_batch_is_one_changelog_file_in_position_order(
+    spark: Any, tmp_path: Path, with_truncate: bool
+) -> None:
+    """Log events reach Spark in several partitions; the commit still adds one file whose
+    rows are in position order (events alone are joined without a shuffle, a batch with a
+    truncate is sorted)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    events = [ev(Op.CREATE if i % 3 else Op.UPDATE, i % 97, 1000 + i // 2, i % 2)
+              for i in range(3000)]
+    batch = TableBatch(TABLE, events, truncates=[Position(1700)] if with_truncate else [])
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = sink.spark.conf.get(key)
+    sink.spark.conf.set(key, "100")  # 30 Arrow batches, spread over the partitions
+    try:
+        assert sink._events_df(batch, sink.known_columns(TABLE), 1).rdd.getNumPartitions() > 1
+        sink.write_table_batch(batch, 1, {"dblog.batch": 1}, merge_mirror=False)
+    finally:
+        sink.spark.conf.set(key, previous)
+    changelog = sink.layout.changelog(TABLE)
+    files = [r["path"] for r in spark.read.format("delta").load(changelog)
+             .select(F.input_file_name().alias("path")).distinct().collect()]
+    assert len(files) == 1
+    table = pq.read_table(files[0].removeprefix("file:"), columns=["_dblog_lsn", "_dblog_seq"])
+    positions = list(zip(table.column("_dblog_lsn").to_pylist(),
+                         table.column("_dblog_seq").to_pylist(), strict=True))
+    assert len(positions) == 3000 + with_truncate
+    assert positions == sorted(positions)
+
+
 # ---- 2. a crash between the three ALTERs of a new column ---------------------------------
 
 
