@@ -143,9 +143,20 @@ def first_key(frame: DataFrame, schema: TableSchema) -> Key | None:
     return None if row is None else key_from_values(schema, tuple(row))
 
 
-def last_key(tagged: DataFrame, schema: TableSchema, order_column: str) -> Key | None:
-    """The key of the row with the greatest ``order_column`` (the last one read)."""
-    return first_key(tagged.orderBy(F.col(_spark_ident(order_column)).desc()), schema)
+def count_and_last_key(tagged: DataFrame, schema: TableSchema, order_column: str
+                       ) -> tuple[int, Key | None]:
+    """The number of rows and the key of the row with the greatest ``order_column`` (the
+    last one read; ``None`` without rows), in one pass."""
+    row = tagged.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.max_by(F.struct(*key_columns(schema)), F.col(_spark_ident(order_column)))
+        .alias("last"),
+    ).first()
+    assert row is not None
+    rows = int(row["rows"])
+    if not rows:
+        return 0, None
+    return rows, key_from_values(schema, tuple(row["last"]))
 
 
 def _spark_ident(name: str) -> str:
@@ -489,8 +500,7 @@ class Capturer:
         chunk = tagged.select(*[F.col(_spark_ident(c)) for c in selected.columns])
         self.sink.stage_chunk(chunk, wid, table)
         crash_point("capture.after_stage")
-        rows = chunk.count()
-        read_last = last_key(tagged, schema, order) if rows else None
+        rows, read_last = count_and_last_key(tagged, schema, order)
         outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
         last = read_last if read_last is not None else after
         deletes = outcome.delete_range
