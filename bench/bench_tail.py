@@ -16,11 +16,18 @@ Then, on that exact range, in one process:
 * dblog: ``Tailer.run(until_caught_up=True)`` (what ``dblog tail --until-caught-up`` runs) from
   the position before the range, with the product's default tail settings, into Delta (the
   changelog append and mirror MERGE per micro-batch, ZooKeeper commits). The tailer was
-  started and wrote one small batch before, so the Delta tables exist and the JVM is warm.
+  started and wrote one small batch before, so the Delta tables exist.
+
+Each shape is measured twice: ``cold``, in a JVM that has written only that small batch, and
+``warm``, after ``--warmup-seconds`` of tailing generated traffic. A new JVM spends its first
+minute or two compiling (measured: the JIT compiler threads took 0.9 of the two cores for the
+first 30 s of a run of 7k-event batches, and a batch took a third of the time two minutes
+later); a tailer runs for days, so ``warm`` is its speed, ``cold`` that of a fresh process
+(``dblog tail --until-caught-up`` on a short range).
 
 Prints row-events/s of each and dblog / baseline, and writes ``bench/results/tail.json``.
 
-    .venv/bin/python -m bench.bench_tail [--events 100000] [--smoke]
+    .venv/bin/python -m bench.bench_tail [--events 100000] [--warmup-seconds 120] [--smoke]
 """
 
 from __future__ import annotations
@@ -191,6 +198,22 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
             "profile": profile.summary()}
 
 
+def warm_up(rt: Any, ep: Endpoints, db: str, seconds: float, next_id: int, prefill: int,
+            per_round: int) -> int:
+    """Tail generated single-row traffic (``per_round`` transactions a round) for
+    ``seconds``; returns the next free id."""
+    began = time.perf_counter()
+    rounds = 0
+    while rounds == 0 or time.perf_counter() - began < seconds:
+        generate(ep, db, "single", per_round, next_id, prefill)
+        next_id += per_round + 1
+        rt.tailer().run(until_caught_up=True)
+        rounds += 1
+    print(f"  warm-up: {rounds} rounds of {per_round:,} transactions tailed in "
+          f"{time.perf_counter() - began:.0f} s", flush=True)
+    return next_id
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--events", type=int, default=100_000,
@@ -203,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/tail[-smoke].json)")
     parser.add_argument("--keep", action="store_true", help="keep the database and lake")
+    parser.add_argument("--warmup-seconds", type=float, default=120.0,
+                        help="tail generated traffic this long between the cold and the warm "
+                             "measurements")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.events, args.prefill = 2000, 1000
+        args.events, args.prefill, args.warmup_seconds = 2000, 1000, 1.0
     output = args.output or RESULTS_DIR / ("tail-smoke.json" if args.smoke else "tail.json")
 
     from pipeline.runtime import open_runtime
@@ -239,23 +265,29 @@ def main(argv: list[str] | None = None) -> int:
                 fill(ep, db, 10, first=next_id)
                 next_id += 10
                 rt.tailer().run(until_caught_up=True)
-                for shape in args.shapes:
-                    print(f"  {shape}: generating {args.events:,} row events ...", flush=True)
-                    gen = generate(ep, db, shape, args.events, next_id, args.prefill)
-                    next_id += args.events + 1
-                    print(f"    {gen}", flush=True)
-                    load = round(os.getloadavg()[0], 2)
-                    base = bare_loop(ep, db, gen["start"], gen["end"])
-                    base["loadavg_1m_before"] = load
-                    print(f"    baseline {base}", flush=True)
-                    load = round(os.getloadavg()[0], 2)
-                    tail = dblog_tail(rt)
-                    tail["loadavg_1m_before"] = load
-                    print(f"    dblog    {tail}", flush=True)
-                    results.append({
-                        "shape": shape, "range": gen, "baseline": base, "dblog": tail,
-                        "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
-                    })
+                for jvm in ("cold", "warm"):
+                    if jvm == "warm":
+                        next_id = warm_up(rt, ep, db, args.warmup_seconds, next_id,
+                                          args.prefill, min(20_000, args.events))
+                    for shape in args.shapes:
+                        print(f"  {shape} ({jvm}): generating {args.events:,} row events ...",
+                              flush=True)
+                        gen = generate(ep, db, shape, args.events, next_id, args.prefill)
+                        next_id += args.events + 1
+                        print(f"    {gen}", flush=True)
+                        load = round(os.getloadavg()[0], 2)
+                        base = bare_loop(ep, db, gen["start"], gen["end"])
+                        base["loadavg_1m_before"] = load
+                        print(f"    baseline {base}", flush=True)
+                        load = round(os.getloadavg()[0], 2)
+                        tail = dblog_tail(rt)
+                        tail["loadavg_1m_before"] = load
+                        print(f"    dblog    {tail}", flush=True)
+                        results.append({
+                            "shape": shape, "jvm": jvm, "range": gen, "baseline": base,
+                            "dblog": tail,
+                            "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
+                        })
             finally:
                 rt.state.delete("", recursive=True)
     finally:
@@ -264,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             remove_lake(name)
     print()
     print_table(
-        ["shape", "row events", "transactions", "baseline ev/s", "dblog ev/s",
+        ["shape", "JVM", "row events", "transactions", "baseline ev/s", "dblog ev/s",
          "dblog / baseline", "dblog s", "of which Delta s", "batches"],
-        [[r["shape"], r["baseline"]["row_events"], r["range"]["transactions"] or "?",
+        [[r["shape"], r["jvm"], r["baseline"]["row_events"], r["range"]["transactions"] or "?",
           r["baseline"]["row_events_per_s"], r["dblog"]["row_events_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"], r["dblog"]["batches"]]
          for r in results],
@@ -274,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parameters = {
         "events": args.events, "prefill": args.prefill, "shapes": args.shapes,
         "rows_per_batch_transaction": ROWS_PER_BATCH, "smoke": args.smoke,
+        "warmup_seconds": args.warmup_seconds,
         "tail": {"batch_max_events": config.tail.batch_max_events,
                  "batch_max_seconds": config.tail.batch_max_seconds,
                  "poll_seconds": config.tail.poll_seconds},

@@ -45,7 +45,8 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
     out = tmp_path / "tail.json"
     assert bench_tail.main(["--smoke", "--output", str(out)]) == 0
     doc = _load(out, "tail")
-    assert [r["shape"] for r in doc["results"]] == ["single", "batch100"]
+    assert [(r["shape"], r["jvm"]) for r in doc["results"]] == [
+        ("single", "cold"), ("batch100", "cold"), ("single", "warm"), ("batch100", "warm")]
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
             assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
