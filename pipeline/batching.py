@@ -1,10 +1,10 @@
 """Where the log is cut into micro-batches, and how a recorded batch is rebuilt on replay.
 
-The tailer writes batch ``N`` to Delta with ``txnVersion = N``; Delta skips a version it has
-seen, so a batch replayed after a crash must be **exactly** the batch that was written (the
-same transactions, nothing more): otherwise a transaction that joined the replayed batch is
-skipped with it and lost. Before writing, the tailer records the batch's end position (the
-batch intent); on replay this module closes the batch exactly there:
+A batch replayed after a crash is written only for the tables where no earlier attempt at
+it landed (``DeltaSink.write_table_batch``), so it must be **exactly** the batch that was
+written (the same transactions, nothing more): otherwise a transaction that joined the
+replayed batch is skipped with it and lost. Before writing, the tailer records the batch's
+end position (the batch intent); on replay this module closes the batch exactly there:
 
 * a transaction that ends past the recorded end is never part of the batch: the batch is
   closed *before* it (:meth:`BatchCutter.before`);

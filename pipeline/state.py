@@ -168,6 +168,10 @@ class BatchIntent:
     windows: Mapping[str, str] = field(default_factory=dict)
     """Window id -> ``emitted``/``aborted``: the outcomes the batch holds (a replay must
     rebuild exactly these)."""
+    attempts: tuple[str, ...] = ()
+    """The write attempts at this batch so far, oldest first (each tags the changelog rows
+    it writes; a replay fences the earlier ones off). Empty in an intent recorded by a
+    version without write attempts."""
 
     def to_json(self) -> Doc:
         return {
@@ -176,12 +180,14 @@ class BatchIntent:
             "end": dict(self.end),
             "created_at_ms": self.created_at_ms,
             "windows": dict(self.windows),
+            "attempts": list(self.attempts),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BatchIntent:
         return cls(int(d["batch"]), dict(d["start"]), dict(d["end"]), int(d["created_at_ms"]),
-                   {str(k): str(v) for k, v in dict(d.get("windows") or {}).items()})
+                   {str(k): str(v) for k, v in dict(d.get("windows") or {}).items()},
+                   tuple(str(a) for a in d.get("attempts") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,6 +532,12 @@ class StateStore:
     def get_batch_intent(self) -> Versioned[BatchIntent] | None:
         """The pending batch intent, if a batch was started but not committed."""
         return self._get_typed(BATCH_INTENT, BatchIntent.from_json)
+
+    def add_batch_attempt(self, found: Versioned[BatchIntent], attempt: str) -> int:
+        """Record a new write attempt at the pending batch (compare-and-set on the intent
+        read: :class:`StateConflict` if another tailer changed or committed it)."""
+        updated = replace(found.value, attempts=(*found.value.attempts, attempt))
+        return self.put(BATCH_INTENT, updated.to_json(), found.version)
 
     def clear_batch_intent(self) -> bool:
         """Drop a pending intent (e.g. after rolling the batch back)."""

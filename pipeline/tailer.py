@@ -30,7 +30,7 @@ from pipeline.chunking import KeyRange
 from pipeline.errors import LeadershipLost, SourceError, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
-from pipeline.lake.sink import DeltaSink, TableBatch
+from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
 from pipeline.mirror import MirrorMerger
 from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import (
@@ -728,17 +728,19 @@ class Tailer:
     # ---- commit -------------------------------------------------------------------------
 
     def _record_intent(self, pending: _Pending, batch_no: int,
-                       committed: Versioned[PositionState]) -> None:
-        """Write ahead what batch ``batch_no`` holds; a replay must match the record."""
+                       committed: Versioned[PositionState]) -> WriteAttempt:
+        """Write ahead what batch ``batch_no`` holds and who writes it; a replay must match
+        the record, and writes as a new attempt after the recorded ones."""
         assert pending.end is not None
         outcomes = {w: u.status for w, u in pending.window_updates.items()
                     if u.status != "registered"}
+        attempt = WriteAttempt()
         found = self.state.get_batch_intent()
         if found is None:
             intent = BatchIntent(batch_no, dict(pending.start), dict(pending.end),
-                                 windows=outcomes)
+                                 windows=outcomes, attempts=(attempt.id,))
             self.state.create_batch_intent(intent, committed.version)
-            return
+            return attempt
         recorded = found.value
         if recorded.batch != batch_no:
             raise StateConflict(f"a batch intent for batch {recorded.batch} appeared while "
@@ -754,6 +756,9 @@ class Tailer:
                 f"({'; '.join(differences)}); nothing was written. Run `dblog tail "
                 "--from-head` and a capture to start over"
             )
+        self.state.add_batch_attempt(found, attempt.id)
+        return WriteAttempt(attempt.id, earlier=recorded.attempts,
+                            legacy_replay=not recorded.attempts)
 
     def _commit(self, new_state: PositionState, expected: int, ranges: list[RangeUpdate],
                 windows: list[WindowUpdate]) -> CommitResult:
@@ -776,7 +781,7 @@ class Tailer:
         assert pending.end is not None and pending.end_position is not None
         began = time.monotonic()
         self.state.check_leader()
-        self._record_intent(pending, batch_no, committed)
+        attempt = self._record_intent(pending, batch_no, committed)
         app_id = committed.value.txn_app_id(self.state.source)
         metadata = {
             "dblog.batch": batch_no,
@@ -799,8 +804,8 @@ class Tailer:
             if not self.sink.known_columns(table):
                 self.sink.ensure_schema(self.dialect.table_schema(table))
             self.state.check_leader()
-            _, results = self.sink.write_table_batch(tb, batch_no, metadata, app_id=app_id,
-                                                     merge_mirror=False)
+            _, results = self.sink.write_table_batch(tb, batch_no, metadata, attempt=attempt,
+                                                     app_id=app_id, merge_mirror=False)
             crash_point("tail.after_table_write")
             for r in results:
                 emitted_rows[r.window_id] = r.rows_emitted

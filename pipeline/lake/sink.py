@@ -1,9 +1,12 @@
 """Writes the tailer's ordered micro-batches into Delta: changelog append + mirror MERGE.
 
-The log tailer is the only writer of ``changelog`` and ``mirror``. Each micro-batch is
-written per table with Delta's idempotent-write markers (``txnAppId`` = the source,
-``txnVersion`` = the batch number), so a batch replayed after a crash is skipped by Delta
-itself. Chunk rows never pass through Python: an emission reads the staged chunk, drops the
+The log tailer is the only writer of ``changelog`` and ``mirror``. Each micro-batch is one
+plain append per table, its rows tagged with the write attempt (``_dblog_attempt``); a batch
+replayed after a crash or a takeover first fences off the earlier attempts at it (a CHECK
+constraint that refuses their rows) and is skipped where one of them landed
+(:meth:`DeltaSink.write_table_batch`). The mirror's MERGE carries Delta's idempotent-write
+markers (``txnAppId`` = the source, ``txnVersion`` = the batch). Chunk rows never pass
+through Python: an emission reads the staged chunk, drops the
 window's seen keys with an anti-join and numbers the rest after the high watermark.
 
 Changelog ``op`` values: ``c``/``u``/``d`` (log events), ``r`` (chunk rows at the high
@@ -20,8 +23,10 @@ staging (called from capture threads) uses another session.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +42,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.chunking import KeyRange
-from pipeline.errors import DblogError
+from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
@@ -89,6 +94,10 @@ STAGING_STATS = {"delta.dataSkippingNumIndexedCols": "1"}
 """Statistics of a new staging table: the window id alone (its first column), by which an
 emission reads its chunk; statistics on a chunk's other columns would only cost the capture
 time."""
+ATTEMPT_COLUMN = "_dblog_attempt"
+"""Changelog column: the write attempt that appended the row (see :class:`WriteAttempt`)."""
+_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
+_FENCE_PREFIX = "dblog_fence_"
 MIRROR_LSN = "dblog.mirror_lsn"
 """Commit metadata of a mirror MERGE: every changelog row with ``_dblog_lsn`` at or below
 this is in the mirror (a MERGE of the code before deferred merges recorded
@@ -122,6 +131,24 @@ _COMMIT_IDENTITY = ("dblog.app", "dblog.batch", "dblog.from_lsn", "dblog.to_lsn"
 
 class SchemaEvolutionError(DblogError):
     """A column changed type in a way Delta cannot widen."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAttempt:
+    """One attempt at writing a batch: ``id`` tags its changelog rows; ``earlier`` are the
+    attempts at the same batch recorded before it (a replay after a crash or a takeover),
+    whose commits must be found or fenced off before this one writes. ``legacy_replay``: the
+    batch was recorded by a version that wrote without attempt ids (found by its commit
+    metadata instead)."""
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    earlier: tuple[str, ...] = ()
+    legacy_replay: bool = False
+
+    def __post_init__(self) -> None:
+        for attempt in (self.id, *self.earlier):
+            if not _ATTEMPT_ID.fullmatch(attempt):
+                raise ValueError(f"not a write attempt id: {attempt!r}")
 
 
 @dataclass(frozen=True)
@@ -236,6 +263,7 @@ def changelog_schema(columns: Sequence[Column]) -> T.StructType:
         T.StructField("_dblog_seq", T.LongType(), False),
         T.StructField(WINDOW_COLUMN, T.StringType()),
         T.StructField("_dblog_batch", T.LongType()),
+        T.StructField(ATTEMPT_COLUMN, T.StringType()),
     ])
 
 
@@ -327,6 +355,8 @@ class DeltaSink:
         self._keys: dict[TableId, tuple[str, ...]] = {}
         self._mirror_lsn: dict[TableId, int] = {}
         """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
+        self._attempt_column: set[TableId] = set()
+        """Tables whose changelog is known to have :data:`ATTEMPT_COLUMN`."""
         self._unmerged_truncate: dict[TableId, bool] = {}
         """Per table: whether a changelog row the mirror lacks is a truncate (absent: not
         known yet, read from the changelog once)."""
@@ -576,7 +606,8 @@ class DeltaSink:
             for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
                 conf.unset(key)
 
-    def _events_df(self, tb: TableBatch, columns: list[Column], batch: int) -> DataFrame:
+    def _events_df(self, tb: TableBatch, columns: list[Column], batch: int,
+                   attempt: str) -> DataFrame:
         """The batch's log events (and truncates) as changelog rows, handed to Spark as one
         Arrow table: column by column, no per-row Python objects on the JVM side."""
         schema = changelog_schema(columns)
@@ -606,6 +637,7 @@ class DeltaSink:
                      pa.int64()),
             pa.array([ev.window_id for ev in events] + [None] * n_truncates, pa.string()),
             pa.array([batch] * rows, pa.int64()),
+            pa.array([attempt] * rows, pa.string()),
         ]
         table = pa.Table.from_arrays(arrays, schema=arrow_schema)
         return self.spark.createDataFrame(table, schema)
@@ -623,6 +655,7 @@ class DeltaSink:
         columns: list[Column],
         key: tuple[str, ...],
         batch: int,
+        attempt: str,
         *,
         coverage: KeyRange | None = None,
         changed_before: Sequence[Key] = (),
@@ -703,10 +736,12 @@ class DeltaSink:
             .alias("_dblog_seq"),
             F.lit(em.window.window_id).alias(WINDOW_COLUMN),
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
+            F.lit(attempt).alias(ATTEMPT_COLUMN),
         )
 
     def _emissions(
-        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int
+        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
+        attempt: str,
     ) -> list[DataFrame]:
         out = []
         for em in tb.emissions:
@@ -719,7 +754,7 @@ class DeltaSink:
                       if ev.position < em.position and _maybe_in(coverage, ev.key)})
                 if coverage is not None else []
             )
-            out.append(self._emission_df(em, columns, key, batch, coverage=coverage,
+            out.append(self._emission_df(em, columns, key, batch, attempt, coverage=coverage,
                                          changed_before=changed))
         return out
 
@@ -737,47 +772,62 @@ class DeltaSink:
 
     def write_table_batch(
         self, tb: TableBatch, batch: int, metadata: Mapping[str, Any], *,
-        app_id: str | None = None, merge_mirror: bool = True,
+        attempt: WriteAttempt | None = None, app_id: str | None = None,
+        merge_mirror: bool = True,
     ) -> tuple[int, list[EmissionResult]]:
         """Append one table's share of batch ``batch`` to the changelog and, with
         ``merge_mirror``, merge every changelog row the mirror lacks into it.
 
-        ``app_id`` with ``batch`` is Delta's idempotent-write marker (``txnAppId`` /
-        ``txnVersion``): a batch Delta has seen under that id is skipped. Without
-        ``merge_mirror`` the mirror follows later (:meth:`merge_mirror`), several batches
-        at once.
+        ``attempt`` tags the rows (a fresh one without it). A replay (``attempt.earlier``)
+        first fences the earlier attempts off (:meth:`_fence`) and writes nothing when one
+        of them had committed this table's share: that commit holds the same batch (its
+        content is fixed by the batch intent) and gives the emission counts. ``app_id``
+        names the line of batches (commit metadata; the mirror MERGE's ``txnAppId``).
+        Without ``merge_mirror`` the mirror follows later (:meth:`merge_mirror`), several
+        batches at once.
 
         Returns the number of log events written and each emission's row count.
         """
         table = tb.table
+        attempt = attempt or WriteAttempt()
+        if not (tb.events or tb.truncates or tb.emissions):
+            return 0, []
         if tb.emissions:
             self._absorb_staging_columns(table)
         columns = self.known_columns(table)
         if not columns:
             raise DblogError(f"no schema known for {table}: ensure_schema first")
         key = self.key_columns(table)
-        parts: list[DataFrame] = []
-        if tb.events or tb.truncates:
-            parts.append(self._events_df(tb, columns, batch))
-        parts += self._emissions(tb, columns, key, batch)
-        if not parts:
-            return 0, []
-        changes = reduce(DataFrame.unionByName, parts)
-        commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id}
-        # Already in position order, partition after partition: one emission alone (its
-        # numbering), or log events alone (handed over in log order); no shuffle then.
-        in_order = len(parts) == 1 and not tb.truncates
-        self._append_changelog(table, changes, batch, commit_metadata, app_id,
-                               in_order=in_order)
+        self._ensure_attempt_column(table)
+        commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id,
+                           "dblog.attempt": attempt.id}
+        path = self.layout.changelog(table)
+        landed = self._written_before(table, attempt, commit_metadata)
+        version: int | None = None
+        if not landed:
+            before = self._latest_version(path) if tb.emissions else -1
+            parts: list[DataFrame] = []
+            if tb.events or tb.truncates:
+                parts.append(self._events_df(tb, columns, batch, attempt.id))
+            parts += self._emissions(tb, columns, key, batch, attempt.id)
+            changes = reduce(DataFrame.unionByName, parts)
+            # Already in position order, partition after partition: one emission alone (its
+            # numbering), or log events alone (handed over in log order); no shuffle then.
+            in_order = len(parts) == 1 and not tb.truncates
+            self._append_changelog(table, changes, commit_metadata, in_order=in_order)
+            if tb.emissions:
+                # None: the append had no rows, and Delta made no commit of it.
+                version = self._find_commit(path, commit_metadata, newer_than=before)
+        else:
+            version = self._commit_version(path, commit_metadata)
         if tb.truncates:
             self._unmerged_truncate[table] = True
         emitted: dict[tuple[str, str], int] = {}
-        if tb.emissions:
+        if tb.emissions and version is not None:
             # Emissions are computed once, into the changelog: capture deletes read the mirror
             # as it stands, so they must never be recomputed. The counts take the batch's rows
             # back from the changelog commit that holds them (the one just written, or the
-            # one a crashed run wrote before).
-            version = self._commit_version(self.layout.changelog(table), commit_metadata)
+            # one an earlier attempt wrote).
             emitted = self._count_emitted(self._committed_rows(table, version))
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
@@ -897,28 +947,115 @@ class DeltaSink:
                   .groupBy(WINDOW_COLUMN, "op").count().collect())
         return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
 
-    def _append_changelog(self, table: TableId, changes: DataFrame, batch: int,
-                          metadata: Mapping[str, Any], app_id: str | None, *,
-                          in_order: bool = False) -> None:
-        """One idempotent append of the batch as one file in position order (skipped by
-        Delta when an earlier attempt committed it). ``in_order``: ``changes`` is in
-        position order already, partition after partition, so joining its partitions
-        keeps that order without a shuffle."""
+    def _append_changelog(self, table: TableId, changes: DataFrame,
+                          metadata: Mapping[str, Any], *, in_order: bool = False) -> None:
+        """One append of the batch as one file in position order. ``in_order``:
+        ``changes`` is in position order already, partition after partition, so joining
+        its partitions keeps that order without a shuffle.
+
+        A plain append: Delta's idempotent-write check (``txnAppId``) reconstructs the
+        table's whole snapshot state on every commit (measured: two thirds of a warm
+        append's JVM time, growing with the table's file count); replays are guarded by
+        write attempts instead (:meth:`write_table_batch`)."""
         path = self.layout.changelog(table)
         if in_order:
             changes = changes.coalesce(1)
         else:
             changes = changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-        (changes.write.format("delta")
-         .mode("append")
-         .option("txnAppId", app_id or self.app_id)
-         .option("txnVersion", batch)
-         .option("userMetadata", _metadata_json(metadata))
-         .save(path))
+        try:
+            (changes.write.format("delta")
+             .mode("append")
+             .option("userMetadata", _metadata_json(metadata))
+             .save(path))
+        except Exception as exc:
+            if self._fenced_off(path, str(metadata.get("dblog.attempt", ""))):
+                raise LeadershipLost(
+                    f"batch {metadata.get('dblog.batch')} of {metadata.get('table')} was "
+                    "fenced off: another tailer took this batch over, so this one stops writing"
+                ) from exc
+            raise
+
+    def _fenced_off(self, path: str, attempt: str) -> bool:
+        """Whether a replay's fence refuses rows of ``attempt`` (the append then failed on
+        the constraint, or on the metadata change that added it while in flight)."""
+        if not _ATTEMPT_ID.fullmatch(attempt):
+            return False
+        return any(key.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt in value
+                   for key, value in self._table_props(path).items())
+
+    def _ensure_attempt_column(self, table: TableId) -> None:
+        """Changelogs created before write attempts get the column (NULL in older rows)."""
+        if table in self._attempt_column:
+            return
+        path = self.layout.changelog(table)
+        names = self.spark.read.format("delta").load(path).schema.names
+        if ATTEMPT_COLUMN not in names:
+            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} "
+                           f"ADD COLUMNS ({ATTEMPT_COLUMN} STRING)")
+        self._attempt_column.add(table)
+
+    def _written_before(self, table: TableId, attempt: WriteAttempt,
+                        metadata: Mapping[str, Any]) -> bool:
+        """Whether an earlier attempt at this batch committed the table's share (then
+        nothing is written); fences the earlier attempts off first, so the answer is final."""
+        if attempt.earlier and self._fence(table, attempt):
+            return True
+        if attempt.legacy_replay:
+            return self._find_commit(self.layout.changelog(table), metadata) is not None
+        return False
+
+    def _fence(self, table: TableId, attempt: WriteAttempt) -> bool:
+        """Fence the earlier attempts at this batch off the table's changelog; True when one
+        of them had committed there.
+
+        One metadata commit: a CHECK constraint that refuses rows of those attempts. A
+        commit of theirs still in flight conflicts with it, and any later one violates it,
+        so none can land after this; Delta checks the constraint against the rows already
+        there, so it fails exactly when one had landed before (the attempt ids are ours:
+        32 hex digits, checked by :class:`WriteAttempt`)."""
+        path = self.layout.changelog(table)
+        refused = ", ".join(f"'{a}'" for a in attempt.earlier)
+        statement = (
+            f"ALTER TABLE delta.{quote_ident(path)} ADD CONSTRAINT {_FENCE_PREFIX}{attempt.id} "
+            f"CHECK ({ATTEMPT_COLUMN} IS NULL OR {ATTEMPT_COLUMN} NOT IN ({refused}))"
+        )
+        landed = False
+
+        def add() -> None:
+            nonlocal landed
+            try:
+                self.spark.sql(statement)
+            except Exception as exc:
+                if "DELTA_NEW_CHECK_CONSTRAINT_VIOLATION" not in str(exc):
+                    raise
+                landed = True
+
+        retry_concurrent_commits(add, pause_s=0.5)
+        return landed
 
     def _commit_version(self, path: str, metadata: Mapping[str, Any]) -> int:
         """The version of the changelog commit written with ``metadata`` (app and batch):
         the latest, or an earlier one when the append was skipped as already written."""
+        version = self._find_commit(path, metadata)
+        if version is None:
+            raise DblogError(
+                f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is "
+                f"recorded as written to {path} but no commit in its history holds it: the "
+                "changelog's history was cleaned or rewritten; recapture the table into a "
+                "new lake path"
+            )
+        return version
+
+    def _latest_version(self, path: str) -> int:
+        from delta.tables import DeltaTable
+
+        latest = DeltaTable.forPath(self.spark, path).history(1).select("version").first()
+        return -1 if latest is None else int(latest["version"])
+
+    def _find_commit(self, path: str, metadata: Mapping[str, Any], *,
+                     newer_than: int = -1) -> int | None:
+        """The version of the changelog commit of the batch ``metadata`` names (any
+        attempt at it; only commits after version ``newer_than``), or None."""
         from delta.tables import DeltaTable
 
         def ours(user_metadata: str | None) -> bool:
@@ -935,17 +1072,16 @@ class DeltaSink:
         latest = table.history(1).select("version", "userMetadata").collect()
         if latest and ours(latest[0]["userMetadata"]):
             return int(latest[0]["version"])
-        # Skipped as already written (a replay after a crash): an earlier commit holds it.
-        history = (table.history().where(F.col("operation") == "WRITE")
+        if latest and int(latest[0]["version"]) <= newer_than:
+            return None
+        # Behind a later commit (a replay after a crash, or a maintenance commit meanwhile).
+        history = (table.history()
+                   .where((F.col("operation") == "WRITE") & (F.col("version") > newer_than))
                    .select("version", "userMetadata").orderBy(F.desc("version")))
         for row in history.toLocalIterator():
             if ours(row["userMetadata"]):
                 return int(row["version"])
-        raise DblogError(
-            f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is recorded "
-            f"as written to {path} but no commit in its history holds it: the changelog's "
-            "history was cleaned or rewritten; recapture the table into a new lake path"
-        )
+        return None
 
     def _committed_rows(self, table: TableId, version: int) -> DataFrame:
         """The rows changelog commit ``version`` appended (its change feed; no other rows)."""

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.errors import LeadershipLost
 from pipeline.events import ChangeEvent, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.sink import MIRROR_LSN, DeltaSink, TableBatch
+from pipeline.lake.sink import ATTEMPT_COLUMN, MIRROR_LSN, DeltaSink, TableBatch, WriteAttempt
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import Column, TableSchema
 
@@ -76,22 +77,83 @@ def test_staging_inside_a_writer_txn_is_neither_skipped_nor_tagged(
         assert "dblog.batch" not in (commit["userMetadata"] or "")
 
 
-def test_a_batch_still_carries_its_markers_and_is_skipped_on_replay(
+def test_a_batch_carries_its_markers_and_a_replay_of_a_landed_attempt_writes_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
+    first = WriteAttempt()
     batch = TableBatch(TABLE, [ev(Op.CREATE, 1, 100), ev(Op.CREATE, 2, 101)])
-    sink.write_table_batch(batch, 7, {"dblog.batch": 7})
-    replay = TableBatch(TABLE, [ev(Op.CREATE, 1, 100), ev(Op.CREATE, 3, 102)])
-    sink.write_table_batch(replay, 7, {"dblog.batch": 7})  # skipped by txnVersion
-    assert len(rows(spark, sink.layout.changelog(TABLE))) == 2
+    sink.write_table_batch(batch, 7, {"dblog.batch": 7}, attempt=first)
+    replay = WriteAttempt(earlier=(first.id,))
+    sink.write_table_batch(batch, 7, {"dblog.batch": 7}, attempt=replay)
+    log = rows(spark, sink.layout.changelog(TABLE))
+    assert len(log) == 2 and {r[ATTEMPT_COLUMN] for r in log} == {first.id}
     assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2]
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
         writes = [h for h in history(spark, path) if h["operation"] in ("WRITE", "MERGE")]
         assert len(writes) == 1
         assert json.loads(writes[0]["userMetadata"])["dblog.batch"] == 7
     assert sink.spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+
+
+def test_a_replay_fences_off_the_attempt_it_replaces(spark: Any, tmp_path: Path) -> None:
+    """A tailer frozen while writing batch 7 (attempt ``stale``) wakes after a newer tailer
+    replayed the batch: its append is refused, as a lost leadership, and the changelog holds
+    the batch once."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 6, {"dblog.batch": 6})
+    stale = WriteAttempt()
+    batch = TableBatch(TABLE, [ev(Op.CREATE, 2, 200), ev(Op.UPDATE, 1, 201)])
+    replay = WriteAttempt(earlier=(stale.id,))
+    sink.write_table_batch(batch, 7, {"dblog.batch": 7}, attempt=replay)
+    with pytest.raises(LeadershipLost, match="fenced off"):
+        sink.write_table_batch(batch, 7, {"dblog.batch": 7}, attempt=stale)
+    log = rows(spark, sink.layout.changelog(TABLE))
+    assert sorted((r["_dblog_lsn"], r[ATTEMPT_COLUMN] == replay.id) for r in log) == [
+        (100, False), (200, True), (201, True)]
+    # A third attempt (the replaying tailer froze too) finds the second one's commit.
+    third = WriteAttempt(earlier=(stale.id, replay.id))
+    sink.write_table_batch(batch, 7, {"dblog.batch": 7}, attempt=third)
+    assert len(rows(spark, sink.layout.changelog(TABLE))) == 3
+    # New batches (new attempts) pass every fence.
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.DELETE, 2, 300)]), 8, {"dblog.batch": 8})
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1]
+
+
+def test_a_replay_of_a_batch_recorded_without_attempts_finds_its_commit(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An intent recorded by the version before write attempts: its batch may have landed
+    with NULL attempts; the commit metadata tells."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    batch = TableBatch(TABLE, [ev(Op.CREATE, 1, 100)])
+    meta = {"dblog.batch": 3, "dblog.from_lsn": 90, "dblog.to_lsn": 100}
+    sink.write_table_batch(batch, 3, meta)
+    sink.write_table_batch(batch, 3, meta, attempt=WriteAttempt(legacy_replay=True))
+    assert len(rows(spark, sink.layout.changelog(TABLE))) == 1
+    other = {"dblog.batch": 4, "dblog.from_lsn": 100, "dblog.to_lsn": 110}
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 110)]), 4, other,
+                           attempt=WriteAttempt(legacy_replay=True))
+    assert len(rows(spark, sink.layout.changelog(TABLE))) == 2
+
+
+def test_a_changelog_without_the_attempt_column_gets_it(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    path = sink.layout.changelog(TABLE)
+    old = spark.read.format("delta").load(path).drop(ATTEMPT_COLUMN)
+    old.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    sink = make_sink(spark, tmp_path)  # a new process
+    first = WriteAttempt()
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {"dblog.batch": 1},
+                           attempt=first)
+    replay = WriteAttempt(earlier=(first.id,))
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {"dblog.batch": 1},
+                           attempt=replay)
+    assert [r[ATTEMPT_COLUMN] for r in rows(spark, path)] == [first.id]
 
 
 @pytest.mark.parametrize("with_truncate", [False, True], ids=["log events", "with a truncate"])
@@ -113,7 +175,8 @@ def test_a_batch_is_one_changelog_file_in_position_order(
     previous = sink.spark.conf.get(key)
     sink.spark.conf.set(key, "100")  # 30 Arrow batches, spread over the partitions
     try:
-        assert sink._events_df(batch, sink.known_columns(TABLE), 1).rdd.getNumPartitions() > 1
+        assert sink._events_df(batch, sink.known_columns(TABLE), 1, WriteAttempt().id)\
+            .rdd.getNumPartitions() > 1
         sink.write_table_batch(batch, 1, {"dblog.batch": 1}, merge_mirror=False)
     finally:
         sink.spark.conf.set(key, previous)
@@ -309,14 +372,16 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
         raise RuntimeError("killed between the changelog and the mirror")
 
     monkeypatch.setattr(sink, "_merge_mirror", crash)
+    crashed = WriteAttempt()
     with pytest.raises(RuntimeError):
-        sink.write_table_batch(batch(), 2, {"dblog.batch": 2})
+        sink.write_table_batch(batch(), 2, {"dblog.batch": 2}, attempt=crashed)
     monkeypatch.undo()
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
     sink.ensure_schema(wider)
     assert history(spark, sink.layout.changelog(TABLE))[0]["operation"] != "WRITE"
 
-    _, results = make_sink(spark, tmp_path).write_table_batch(batch(), 2, {"dblog.batch": 2})
+    _, results = make_sink(spark, tmp_path).write_table_batch(
+        batch(), 2, {"dblog.batch": 2}, attempt=WriteAttempt(earlier=(crashed.id,)))
     assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2, 1)]
     mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
     assert mirror == {1: "r1", 3: "r3"}
@@ -621,3 +686,23 @@ def test_a_capture_after_an_unmerged_truncate_deletes_nothing(
     assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 0)]
     sink.merge_mirror(TABLE, 3, {})
     assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {1: "r1"}
+
+
+def test_an_emission_without_rows_counts_none(spark: Any, tmp_path: Path) -> None:
+    """A last chunk that reads nothing: its append has no rows (Delta then makes no commit),
+    and the emission reports zero rows instead of failing to find its commit."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {"dblog.batch": 1})
+    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w0", TABLE)
+    sink.stage_chunk(spark.createDataFrame([], "id INT, name STRING"), "w1", TABLE)
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2,
+        {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500})
+    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 0, 0)]
+    # A replay of it (the tailer crashed before its commit in ZooKeeper) says the same.
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2,
+        {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500},
+        attempt=WriteAttempt(earlier=(WriteAttempt().id,)))
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(0, 0)]

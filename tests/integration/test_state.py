@@ -124,6 +124,15 @@ def test_position_and_batch_intent_round_trip(store: StateStore) -> None:
         {"lsn": 10, "seq": 0},
         {"lsn": 99, "seq": 3},
     )
+    assert intent.value.attempts == ()
+    store.add_batch_attempt(intent, "a" * 32)
+    again = store.get_batch_intent()
+    assert again is not None and again.value.attempts == ("a" * 32,)
+    with pytest.raises(StateConflict):  # another tailer recorded its attempt first
+        store.add_batch_attempt(intent, "b" * 32)
+    store.add_batch_attempt(again, "b" * 32)
+    last = store.get_batch_intent()
+    assert last is not None and last.value.attempts == ("a" * 32, "b" * 32)
     assert store.clear_batch_intent() is True
     assert store.get_batch_intent() is None
 
