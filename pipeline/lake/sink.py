@@ -818,7 +818,7 @@ class DeltaSink:
             if tb.emissions:
                 # None: the append had no rows, and Delta made no commit of it.
                 version = self._find_commit(path, commit_metadata, newer_than=before)
-        else:
+        elif tb.emissions:
             version = self._commit_version(path, commit_metadata)
         if tb.truncates:
             self._unmerged_truncate[table] = True
