@@ -56,7 +56,6 @@ def _tail(args: argparse.Namespace) -> int:
     from pipeline.errors import LeadershipLost, LockHeld
     from pipeline.outage import unreachable
     from pipeline.runtime import open_runtime
-    from pipeline.state import StateUnavailable
 
     config = _config(args)
     stop = _stop_on_signals()
@@ -77,19 +76,19 @@ def _tail(args: argparse.Namespace) -> int:
             wait = 5.0
         # Spark is set up before standing by, so a take-over starts writing at once.
         tailer = rt.tailer(on_batch=report)
-        if wait is None:
-            try:
-                holder = rt.state.lock_holder()
-            except StateUnavailable:  # ZooKeeper restarting: the loop below tries again
-                holder = None
-            if holder is not None:
-                print(f"tail: standing by, the tailer lock is held by {holder}", flush=True)
+
+        def standing_by(holder: str | None) -> None:
+            # Said each time the wait begins, also when it begins after a ZooKeeper outage.
+            print(f"tail: standing by, the tailer lock is held by "
+                  f"{holder or 'a tailer that just left'}", flush=True)
+
         outage_began: float | None = None
         while True:
             began = time.monotonic()
             try:
                 summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
-                                     reset_to_head=args.from_head, lock_timeout=wait)
+                                     reset_to_head=args.from_head, lock_timeout=wait,
+                                     on_standby=standing_by)
                 break
             except LockHeld:
                 if wait is None and stop.is_set():

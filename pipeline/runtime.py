@@ -15,7 +15,7 @@ from pipeline.config import PipelineConfig
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.state import StateStore
+from pipeline.state import StateStore, StateUnavailable
 from pipeline.tailer import MIRROR_DOC, Tailer, TailOptions
 
 if TYPE_CHECKING:
@@ -141,12 +141,21 @@ class Runtime:
     @staticmethod
     def _wait_until(done: Callable[[], bool], check: Callable[[], None], timeout: float,
                     failure: str) -> None:
+        # A ZooKeeper outage shorter than the timeout is waited out: this only reads.
         deadline = time.monotonic() + timeout
-        while not done():
+        outage: StateUnavailable | None = None
+        while True:
+            try:
+                if done():
+                    return
+                outage = None
+            except StateUnavailable as exc:
+                outage = exc
             check()
             if time.monotonic() >= deadline:
-                raise DblogError(f"{failure} within {timeout:.0f}s")
-            time.sleep(0.1)
+                during = f" (last: {outage})" if outage is not None else ""
+                raise DblogError(f"{failure} within {timeout:.0f}s{during}")
+            time.sleep(0.1 if outage is None else 1.0)
 
     def close(self) -> None:
         self.state.close()

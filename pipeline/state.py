@@ -745,14 +745,16 @@ class StateStore:
 
     @contextmanager
     def tailer_lock(self, identifier: str, timeout: float | None = 5.0,
-                    stop: threading.Event | None = None) -> Iterator[None]:
+                    stop: threading.Event | None = None,
+                    on_standby: Callable[[str | None], None] | None = None) -> Iterator[None]:
         """Hold the source's single-tailer lock; :class:`LockHeld` if not acquired in time.
 
         ``timeout=None`` stands by: it waits as long as another tailer holds the lock (until
         that one stops or its ZooKeeper session ends) or until ``stop`` is set, which raises
-        :class:`LockHeld` too. The lock is an ephemeral znode: it is released on exit, or
-        by ZooKeeper when this session ends. Writes stay fenced by :meth:`commit_batch`'s
-        position CAS and :meth:`check_leader`.
+        :class:`LockHeld` too; ``on_standby`` is called with the holder (None if it left
+        meanwhile) once it begins to wait. The lock is an ephemeral znode: it is released
+        on exit, or by ZooKeeper when this session ends. Writes stay fenced by
+        :meth:`commit_batch`'s position CAS and :meth:`check_leader`.
         """
         if not identifier:
             raise ValueError("lock identifier must not be empty")
@@ -771,8 +773,11 @@ class StateStore:
                 break
             if not told:
                 told = True
+                holder = self.lock_holder()
                 log.info("standing by: the tailer lock for source %s is held by %s",
-                         self.source, self.lock_holder() or "an unknown holder")
+                         self.source, holder or "an unknown holder")
+                if on_standby is not None:
+                    on_standby(holder)
         if not acquired:
             holder = self.lock_holder()
             waited = time.monotonic() - began

@@ -220,17 +220,20 @@ class Tailer:
         max_batches: int | None = None,
         lock_timeout: float | None = 5.0,
         reset_to_head: bool = False,
+        on_standby: Callable[[str | None], None] | None = None,
     ) -> TailSummary:
         """Hold the tailer lock and tail until ``stop`` is set (or caught up / max batches).
 
         ``lock_timeout=None``: stand by while another tailer holds the lock, and take over
-        when it stops or dies (:meth:`StateStore.tailer_lock`).
+        when it stops or dies (:meth:`StateStore.tailer_lock`); ``on_standby(holder)`` is
+        called when it begins to wait.
 
         ``reset_to_head``: first forget the stored position and start at the head of the log
         (after a purged log; a capture then restores the full state).
         """
         stop = stop or threading.Event()
-        with self.state.tailer_lock(self.identifier, timeout=lock_timeout, stop=stop):
+        with self.state.tailer_lock(self.identifier, timeout=lock_timeout, stop=stop,
+                                    on_standby=on_standby):
             return self._run_as_leader(stop, until_caught_up, max_batches, reset_to_head)
 
     def run_locked(self, *, stop: threading.Event) -> TailSummary:

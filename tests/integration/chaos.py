@@ -197,7 +197,10 @@ class Chaos:
                 self.captures_done += 1
                 return
             if any("no unfinished capture" in line for line in self.capture.last_lines()):
-                return
+                # The last one was killed (or lost ZooKeeper) before its plan was saved:
+                # nothing to resume, and the end checks need a finished capture.
+                self.capture = self._process("capture", ["capture", *self.tables])
+                continue
             self.exits.append({"role": "capture", "code": self.capture.proc.returncode,
                                "last": self.capture.last_lines()})
             self.capture = self._process("capture", ["resume", self.tables[0]])

@@ -357,6 +357,29 @@ def test_tailer_lock_is_exclusive_between_clients(store: StateStore, store2: Sta
     assert store.lock_holder() is None
 
 
+def test_a_standby_says_whom_it_waits_for_when_the_wait_begins(
+        store: StateStore, store2: StateStore) -> None:
+    # The tail command prints this; a standby that learned nothing before its wait (ZooKeeper
+    # restarting as it started) must still say it stands by, or no one can tell it is alive.
+    told: list[str | None] = []
+    took_over = threading.Event()
+
+    def standby() -> None:
+        with store2.tailer_lock("tailer-b@host2", timeout=None, on_standby=told.append):
+            took_over.set()
+
+    with store.tailer_lock("tailer-a@host1"):
+        waiter = threading.Thread(target=standby)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert told == ["tailer-a@host1"]
+        assert not took_over.is_set()
+    waiter.join(10)
+    assert took_over.is_set() and told == ["tailer-a@host1"]  # said once per wait
+
+
 def test_tailer_lock_freed_when_holder_session_ends(names: tuple[str, str]) -> None:
     chroot, source = names
     first = StateStore.connect(ZK_HOSTS, source, chroot=chroot, timeout=5)

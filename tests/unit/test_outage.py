@@ -101,3 +101,32 @@ def test_ride_out_gives_up_with_what_to_do_and_never_retries_a_failure() -> None
     stop.set()
     with pytest.raises(SourceUnavailable):  # a stop ends the waiting at once
         ride_out(down, patience_s=10, what="x", stop=stop)
+
+
+def test_a_wait_for_the_tailer_rides_out_a_zookeeper_outage() -> None:
+    from pipeline.runtime import Runtime
+
+    answers = iter([StateUnavailable("ZooKeeper unavailable during get position"),
+                    StateUnavailable("ZooKeeper unavailable during get position"), False, True])
+    checks: list[int] = []
+
+    def done() -> bool:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    Runtime._wait_until(done, lambda: checks.append(1), 30, "the tailer did not catch up")
+    assert len(checks) == 3  # each reading that was not yet done checks the tailer's health
+
+
+def test_a_wait_that_times_out_in_an_outage_says_so() -> None:
+    from pipeline.errors import DblogError
+    from pipeline.runtime import Runtime
+
+    def done() -> bool:
+        raise StateUnavailable("ZooKeeper unavailable during get position: ConnectionLoss")
+
+    with pytest.raises(DblogError, match=r"did not catch up within 0s \(last: ZooKeeper "
+                                         r"unavailable during get position: ConnectionLoss\)"):
+        Runtime._wait_until(done, lambda: None, 0, "the tailer did not catch up")
