@@ -45,6 +45,7 @@ from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
 from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
 from pipeline.sources.mysql.connection import MySqlSettings, translate
+from pipeline.sources.mysql.rowimage import ImageReader, compile_reader, full_bitmap
 from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
 from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
 
@@ -134,6 +135,10 @@ class _Plan:
     schema: TableSchema
     columns: tuple[tuple[str, Converter | None, bool], ...]  # name, converter, is SET
     watermark: bool
+    image: ImageReader | None
+    """The compiled reader of full row images (None: mysql-replication decodes them)."""
+    full: bytes
+    """The columns-present bitmap of a full image."""
 
 
 def _decode(plan: _Plan, values: Mapping[str, Any], none_sources: Mapping[str, str]
@@ -172,7 +177,47 @@ def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
     if not key and not watermark:
         raise no_primary_key(table)
     schema = TableSchema(table, tuple(columns), key)
-    return _Plan(table, schema, tuple(decoders), watermark)
+    image = compile_reader(event.columns, [conv for _, conv, _ in decoders])
+    return _Plan(table, schema, tuple(decoders), watermark, image, full_bitmap(len(columns)))
+
+
+def _compiled(plan: _Plan, event: Any, update: bool) -> bytes | None:
+    """The rows part of the event when the compiled reader can decode it (full images)."""
+    if (plan.image is None or not event.complete
+            or event.columns_present_bitmap != plan.full
+            or (update and event.columns_present_bitmap2 != plan.full)):
+        return None
+    body: bytes = event.packet.read(event.event_size - event.packet.read_bytes)
+    return body
+
+
+def row_images(plan: _Plan, event: Any) -> list[dict[str, Any]]:
+    """The decoded rows of a WRITE or DELETE rows event."""
+    body = _compiled(plan, event, False)
+    if body is None:
+        return [_decode(plan, row["values"], row["none_sources"]) for row in event.rows]
+    read, pos, end, rows = plan.image, 0, len(body), []
+    assert read is not None
+    while pos < end:
+        row, pos = read(body, pos)
+        rows.append(row)
+    return rows
+
+
+def update_images(plan: _Plan, event: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The decoded (before, after) rows of an UPDATE rows event."""
+    body = _compiled(plan, event, True)
+    if body is None:
+        return [(_decode(plan, row["before_values"], row["before_none_sources"]),
+                 _decode(plan, row["after_values"], row["after_none_sources"]))
+                for row in event.rows]
+    read, pos, end, rows = plan.image, 0, len(body), []
+    assert read is not None
+    while pos < end:
+        before, pos = read(body, pos)
+        after, pos = read(body, pos)
+        rows.append((before, after))
+    return rows
 
 
 def resets_rows(query: str) -> bool:
@@ -414,8 +459,9 @@ class MySqlLogReader:
         if plan.watermark:
             if isinstance(event, DeleteRowsEvent):
                 return
-            for row in event.rows:
-                values = row["values"] if "values" in row else row["after_values"]
+            images = ([after for _, after in update_images(plan, event)]
+                      if isinstance(event, UpdateRowsEvent) else row_images(plan, event))
+            for values in images:
                 value = values.get("value")
                 if value is not None:
                     position = Position.from_binlog(lsn_index, offset, seq)
@@ -427,9 +473,7 @@ class MySqlLogReader:
         table = plan.table
         buffer = self._buffer
         if isinstance(event, UpdateRowsEvent):
-            for row in event.rows:
-                before = _decode(plan, row["before_values"], row["before_none_sources"])
-                after = _decode(plan, row["after_values"], row["after_none_sources"])
+            for before, after in update_images(plan, event):
                 old_key = tuple(before[k] for k in key_names)
                 new_key = tuple(after[k] for k in key_names)
                 if old_key == new_key:
@@ -444,8 +488,7 @@ class MySqlLogReader:
                     seq += 2
             return
         op = Op.CREATE if isinstance(event, WriteRowsEvent) else Op.DELETE
-        for row in event.rows:
-            image = _decode(plan, row["values"], row["none_sources"])
+        for image in row_images(plan, event):
             key = tuple(image[k] for k in key_names)
             position = Position.from_binlog(lsn_index, offset, seq)
             if op is Op.CREATE:
