@@ -623,7 +623,9 @@ class Tailer:
         if not warm:
             for table, schema in tx.schemas.items():
                 if table in self._tracked:
-                    pending.schemas.setdefault(table, []).append(schema)
+                    seen = pending.schemas.setdefault(table, [])
+                    if not seen or seen[-1] != schema:  # in order, each change once
+                        seen.append(schema)
             pending.end = tx.resume
             pending.end_position = tx.position
             pending.commit_ts_ms = tx.commit_ts_ms

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from functools import reduce
 from typing import Any
 
@@ -194,6 +195,13 @@ class TableBatch:
     truncates: list[Position] = field(default_factory=list)
 
 
+_READY_TYPES: dict[type[T.DataType], type] = {
+    T.DecimalType: Decimal, T.DoubleType: float, T.FloatType: float,
+    T.TimestampType: datetime, T.TimestampNTZType: datetime,
+}
+"""Per lake type, the Python type :func:`coerce` returns unchanged."""
+
+
 def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[Column],
                  arrow_type: pa.StructType) -> pa.StructArray:
     """Row images (``None`` = no image) as one Arrow struct column of the lake's types.
@@ -206,7 +214,8 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
         name = col.name
         values = [None if img is None else img.get(name) for img in images]
         if needs_coercion(dtype):
-            values = [coerce(v, dtype) for v in values]
+            ready = _READY_TYPES.get(type(dtype))  # values of this type need nothing
+            values = [v if v is None or type(v) is ready else coerce(v, dtype) for v in values]
         children.append(pa.array(values, arrow_type.field(i).type))
     mask = pa.array([img is None for img in images], pa.bool_())
     return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
@@ -352,6 +361,8 @@ class DeltaSink:
         self.mirror_lock = threading.RLock()
         self.layout = layout
         self._columns: dict[TableId, list[Column]] = {}
+        self._ensured: dict[TableId, TableSchema] = {}
+        """The last schema :meth:`ensure_schema` made the lake hold, per table."""
         self._keys: dict[TableId, tuple[str, ...]] = {}
         self._mirror_lsn: dict[TableId, int] = {}
         """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
@@ -385,9 +396,12 @@ class DeltaSink:
     def ensure_schema(self, schema: TableSchema) -> None:
         """Create the table's Delta tables, or add the columns they do not have yet."""
         table = schema.table
+        if self._ensured.get(table) == schema:  # the lake only gains columns and widens
+            return
         current = self.known_columns(table)
         if not current:
             self._create(schema)
+            self._ensured[table] = schema
             return
         by_name = {c.name: c for c in current}
         added: list[Column] = []
@@ -399,6 +413,7 @@ class DeltaSink:
                 self._widen(table, have, col)
         if added:
             self._add_columns(table, added)
+        self._ensured[table] = schema
 
     def _create_table(
         self,
