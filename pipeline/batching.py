@@ -15,9 +15,11 @@ end position (the batch intent); on replay this module closes the batch exactly 
 
 Outside replay a batch is closed after a transaction once it holds ``max_events`` events or
 is ``max_seconds`` old, when the tailer has consumed everything the reader had read so far
-(:meth:`BatchCutter.drained`: batches then grow with the lag by themselves, as the reader
-reads ahead while the previous batch is written), and when the reader is idle and has moved
-past the last batch end.
+while the reader follows the head of the log (:meth:`BatchCutter.drained`: batches then grow
+with the lag by themselves, as the reader reads ahead while the previous batch is written),
+and when the reader is idle and has moved past the last batch end. A reader behind the head
+(its reads come back full) closes batches by size and age only: on two cores, many small
+batches cost the JVM time the decoder needs.
 
 Pure: positions are compared as :class:`~pipeline.events.Position`; the source-native
 position that goes with each (``native``) is carried through untouched.
@@ -108,10 +110,15 @@ class BatchCutter:
             return self._pending
         return None
 
-    def drained(self) -> Cut | None:
+    def drained(self, behind: bool = False) -> Cut | None:
         """The tailer consumed every transaction the reader had read: the cut to make now
-        (none while a recorded batch is rebuilt: only its recorded end closes it)."""
-        return None if self._replay is not None else self._pending
+        (none while a recorded batch is rebuilt: only its recorded end closes it). None
+        too when the reader is ``behind`` the head (its last read came back full): more is
+        on its way, and the batch closes by size or age (:meth:`consumed`), so a tailer
+        that is behind writes few large batches instead of many small ones."""
+        if self._replay is not None or behind:
+            return None
+        return self._pending
 
     def idle(self, reader_at: Position, native: Mapping[str, Any]) -> Cut | None:
         """The reader returned nothing and stands at ``reader_at`` (past any transactions

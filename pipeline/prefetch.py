@@ -55,6 +55,7 @@ class PrefetchingReader:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._resume: Mapping[str, Any] | None = getattr(inner, "resume", None)
+        self._behind = False
         self._thread = threading.Thread(target=self._run, name="log-prefetch", daemon=True)
         self._thread.start()
 
@@ -63,6 +64,13 @@ class PrefetchingReader:
         """The position after the last transaction handed out, or after what the inner
         reader skipped since (untracked tables) when nothing is waiting."""
         return None if self._resume is None else dict(self._resume)
+
+    @property
+    def behind(self) -> bool:
+        """Whether the inner reader's last read came back full: more of the log was
+        waiting, so the reader is behind the head rather than following it."""
+        with self._cond:
+            return self._behind
 
     @property
     def drained(self) -> bool:
@@ -85,6 +93,7 @@ class PrefetchingReader:
                 item = _Item([], None, exc)
             with self._cond:
                 self._queue.append(item)
+                self._behind = len(item.transactions) >= self._read_transactions
                 self._ahead += item.weight
                 self._cond.notify_all()
             if item.error is not None:

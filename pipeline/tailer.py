@@ -415,7 +415,7 @@ class Tailer:
                     # Everything read so far is in the batch: write it now rather than
                     # wait for more (the reader reads on meanwhile, so a tailer behind the
                     # log writes larger batches by itself).
-                    cut = cutter.drained() if reader.drained else None
+                    cut = cutter.drained(reader.behind) if reader.drained else None
                     if cut is not None and cut_at(cut):
                         return self._finish(summary, committed.value)
                     continue

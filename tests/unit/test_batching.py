@@ -212,3 +212,18 @@ def test_a_drained_reader_closes_the_batch_except_in_replay() -> None:
                             replay=end)
     assert replaying.consumed(Position(150), {"lsn": 150}, 3, 0.1) is None
     assert replaying.drained() is None  # only the recorded end closes a replayed batch
+
+
+def test_a_reader_behind_the_head_closes_batches_by_size_and_age_only() -> None:
+    cutter = BatchCutter(committed=Position(100), max_events=10, max_seconds=2.0, now=0.0)
+    assert cutter.consumed(Position(150), {"lsn": 150}, 3, 0.1) is None
+    assert cutter.drained(behind=True) is None  # more is on its way: keep the batch open
+    assert cutter.consumed(Position(160), {"lsn": 160}, 3, 1.0) is None
+    assert cutter.consumed(Position(170), {"lsn": 170}, 3, 2.5) == Cut(Position(170),
+                                                                        {"lsn": 170})
+    cutter.cut(Cut(Position(170), {"lsn": 170}), 2.5)
+    assert cutter.consumed(Position(180), {"lsn": 180}, 11, 2.6) == Cut(Position(180),
+                                                                         {"lsn": 180})
+    cutter.cut(Cut(Position(180), {"lsn": 180}), 2.6)
+    assert cutter.consumed(Position(190), {"lsn": 190}, 1, 2.7) is None
+    assert cutter.drained(behind=False) == Cut(Position(190), {"lsn": 190})  # caught up

@@ -125,3 +125,25 @@ def test_reading_ahead_stops_at_max_ahead() -> None:
         assert [t.position.lsn for t in reader.read(max_transactions=3, max_wait_s=1)] == [1, 2, 3]
     finally:
         reader.close()
+
+
+def test_a_full_read_means_the_reader_is_behind_until_a_read_comes_back_short() -> None:
+    release = threading.Event()
+
+    class Gated(ScriptedReader):
+        def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
+            if not self.script or self.script[0] == ("txs", [4]):
+                release.wait(5)
+            return super().read(max_transactions=max_transactions, max_wait_s=max_wait_s)
+
+    inner = Gated([("txs", [1, 2, 3]), ("txs", [4])])
+    reader = PrefetchingReader(inner, read_transactions=3, poll_s=0.01)  # type: ignore[arg-type]
+    try:
+        assert [t.position.lsn for t in reader.read(max_transactions=10, max_wait_s=1)] == [
+            1, 2, 3]
+        assert reader.behind  # its read came back full: more of the log is waiting
+        release.set()
+        assert [t.position.lsn for t in reader.read(max_transactions=10, max_wait_s=1)] == [4]
+        assert not reader.behind  # a short read: it follows the head
+    finally:
+        reader.close()
