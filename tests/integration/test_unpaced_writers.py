@@ -30,12 +30,12 @@ from pipeline.verify import verify_table
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    # Not met yet (issue 7): three unpaced writers commit 4,300-10,700 tx/s on this
+    # Not met yet (issue 7): three unpaced writers commit 4,300-11,400 tx/s on this
     # project's 2-core machine (it depends on the day) while the tail decodes and writes
-    # ~4,000 row events/s on what the writers and MariaDB leave of the two cores, so the lag
-    # grows for as long as they write (2026-11-24: catch-up delays 42 s -> 260 s over four
-    # minutes, then never within the test). The capture ends now (252 s, the same run).
-    # Strict: the day it passes, this mark must go.
+    # ~7,500 row events/s with both cores to itself, and far less on what the writers and
+    # MariaDB leave of them, so the lag grows for as long as they write (2026-11-24, 11,377
+    # tx/s: catch-up delays 34 s -> 215 s over four minutes, then never within the test).
+    # The capture ends (234 s, the same run). Strict: the day it passes, this mark must go.
     pytest.mark.xfail(strict=True, reason="issue 7: the tail is slower than unpaced writers"),
 ]
 
