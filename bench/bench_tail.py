@@ -13,6 +13,8 @@ Then, on that exact range, in one process:
 * baseline: the bare ``BinLogStreamReader`` loop with its fastest honest settings (only rows
   events, ``only_tables``/``only_schemas``, ``freeze_schema``, no logging, ``end_log_pos``;
   every row decoded, nothing written);
+* dblog's log reader alone (``reader alone``): the transactions and events the tailer gets,
+  every row decoded and converted, nothing written;
 * dblog: ``Tailer.run(until_caught_up=True)`` (what ``dblog tail --until-caught-up`` runs) from
   the position before the range, with the product's default tail settings, into Delta (the
   changelog append and mirror MERGE per micro-batch, ZooKeeper commits). The tailer was
@@ -176,6 +178,31 @@ def bare_loop(ep: Endpoints, db: str, start: dict[str, Any], end: dict[str, Any]
             "row_events_per_s": rows / seconds}
 
 
+def reader_alone(rt: Any, db: str, start: dict[str, Any], end: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """dblog's log reader alone over ``[start, end)``: transactions and events built as the
+    tailer gets them (every row decoded and converted), nothing written."""
+    from pipeline.events import ChangeEvent, TableId
+
+    end_at = (binlog_file_index(end["file"]), end["pos"])
+    began = time.perf_counter()
+    reader = rt.dialect.open_log(start, [TableId(db, TABLE)])
+    rows = transactions = 0
+    try:
+        while True:
+            txs = reader.read(max_transactions=2000, max_wait_s=1.0)
+            transactions += len(txs)
+            rows += sum(isinstance(i, ChangeEvent) for t in txs for i in t.items)
+            here = reader.resume
+            if not txs or (binlog_file_index(here["file"]), here["pos"]) >= end_at:
+                break
+    finally:
+        reader.close()
+    seconds = time.perf_counter() - began
+    return {"row_events": rows, "transactions": transactions, "seconds": round(seconds, 3),
+            "row_events_per_s": rows / seconds}
+
+
 def dblog_tail(rt: Any) -> dict[str, Any]:
     """One ``tail --until-caught-up`` from the committed position (just before the range)."""
     batches: list[tuple[int, float]] = []
@@ -279,14 +306,18 @@ def main(argv: list[str] | None = None) -> int:
                         base = bare_loop(ep, db, gen["start"], gen["end"])
                         base["loadavg_1m_before"] = load
                         print(f"    baseline {base}", flush=True)
+                        alone = reader_alone(rt, db, gen["start"], gen["end"])
+                        print(f"    reader   {alone}", flush=True)
                         load = round(os.getloadavg()[0], 2)
                         tail = dblog_tail(rt)
                         tail["loadavg_1m_before"] = load
                         print(f"    dblog    {tail}", flush=True)
                         results.append({
                             "shape": shape, "jvm": jvm, "range": gen, "baseline": base,
-                            "dblog": tail,
+                            "dblog": tail, "reader_alone": alone,
                             "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
+                            "reader_ratio": (alone["row_events_per_s"]
+                                             / base["row_events_per_s"]),
                         })
             finally:
                 rt.state.delete("", recursive=True)
@@ -296,10 +327,12 @@ def main(argv: list[str] | None = None) -> int:
             remove_lake(name)
     print()
     print_table(
-        ["shape", "JVM", "row events", "transactions", "baseline ev/s", "dblog ev/s",
-         "dblog / baseline", "dblog s", "of which Delta s", "batches"],
+        ["shape", "JVM", "row events", "transactions", "baseline ev/s", "reader alone ev/s",
+         "reader / baseline", "dblog ev/s", "dblog / baseline", "dblog s", "of which Delta s",
+         "batches"],
         [[r["shape"], r["jvm"], r["baseline"]["row_events"], r["range"]["transactions"] or "?",
-          r["baseline"]["row_events_per_s"], r["dblog"]["row_events_per_s"], r["ratio"],
+          r["baseline"]["row_events_per_s"], r["reader_alone"]["row_events_per_s"],
+          r["reader_ratio"], r["dblog"]["row_events_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"], r["dblog"]["batches"]]
          for r in results],
     )

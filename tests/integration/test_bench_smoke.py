@@ -51,6 +51,9 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
         for side in ("baseline", "dblog"):
             assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
         assert row["ratio"] > 0
+        # the reader alone decodes exactly the range's row events, as the bare loop does
+        assert row["reader_alone"]["row_events"] == row["baseline"]["row_events"]
+        assert row["reader_ratio"] > 0
 
 
 def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
