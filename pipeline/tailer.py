@@ -413,8 +413,8 @@ class Tailer:
                         return self._finish(summary, committed.value)
                 if txs:
                     # Everything read so far is in the batch: write it now rather than
-                    # wait for more (the reader reads on meanwhile, so a tailer behind the
-                    # log writes larger batches by itself).
+                    # wait for more (the reader reads on meanwhile), unless the reader is
+                    # behind the head: then the batch closes by size or age.
                     cut = cutter.drained(reader.behind) if reader.drained else None
                     if cut is not None and cut_at(cut):
                         return self._finish(summary, committed.value)
