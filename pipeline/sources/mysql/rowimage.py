@@ -21,6 +21,7 @@ import datetime
 import decimal
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pymysql.charset import charset_by_name
@@ -94,7 +95,8 @@ def _column_code(i: int, col: Any, env: dict[str, Any]) -> list[str] | None:
     if t == FIELD_TYPE.BLOB:
         return _string_code(i, col, int(col.length_size), env)
     if t == FIELD_TYPE.NEWDECIMAL:
-        return [f"v{i}, pos = _decimal(buf, pos, {int(col.precision)}, {int(col.decimals)})"]
+        env[f"dec{i}"] = _decimal_layout(int(col.precision), int(col.decimals))
+        return [f"v{i}, pos = _decimal(buf, pos, dec{i})"]
     if t == FIELD_TYPE.DATE:
         return ["d = _from_bytes(buf[pos:pos + 3], 'little')", "pos += 3",
                 "y, m, dd = (d >> 9) & 32767, (d >> 5) & 15, d & 31",
@@ -158,39 +160,51 @@ def _string_code(i: int, col: Any, length_size: int, env: dict[str, Any]) -> lis
     return [*head, f"v{i} = {value}", "pos += n"]
 
 
-def _read_decimal(buf: bytes, pos: int, precision: int, decimals: int
+@dataclass(frozen=True, slots=True)
+class _DecimalLayout:
+    """The digit groups of a NEWDECIMAL(precision, decimals) column, worked out once."""
+
+    integral_words: int
+    integral_head: int
+    """Bytes of the leading integral group (fewer than 9 digits)."""
+    fraction_words: int
+    fraction_tail: int
+    """Bytes of the trailing fractional group."""
+    fraction_tail_digits: int
+    size: int
+
+
+def _decimal_layout(precision: int, decimals: int) -> _DecimalLayout:
+    integral_words, integral_digits = divmod(precision - decimals, 9)
+    fraction_words, fraction_digits = divmod(decimals, 9)
+    head, tail = _COMPRESSED_BYTES[integral_digits], _COMPRESSED_BYTES[fraction_digits]
+    return _DecimalLayout(integral_words, head, fraction_words, tail, fraction_digits,
+                          head + 4 * integral_words + 4 * fraction_words + tail)
+
+
+def _read_decimal(buf: bytes, pos: int, layout: _DecimalLayout
                   ) -> tuple[decimal.Decimal, int]:
     """NEWDECIMAL, digit groups as mysql-replication reads them (its string, its sign)."""
-    integral = precision - decimals
-    uncomp_integral, comp_integral = divmod(integral, 9)
-    uncomp_fractional, comp_fractional = divmod(decimals, 9)
     first = buf[pos]
     if first & 0x80:
         res, mask = "", 0
     else:
         res, mask = "-", -1
-    data = bytes([first ^ 0x80]) + buf[pos + 1:pos + _decimal_size(precision, decimals)]
+    data = bytes([first ^ 0x80]) + buf[pos + 1:pos + layout.size]
     at = 0
-    size = _COMPRESSED_BYTES[comp_integral]
+    size = layout.integral_head
     if size > 0:
         res += str(int.from_bytes(data[at:at + size], "big", signed=True) ^ mask)
         at += size
-    for _ in range(uncomp_integral):
+    for _ in range(layout.integral_words):
         res += f"{int.from_bytes(data[at:at + 4], 'big', signed=True) ^ mask:09d}"
         at += 4
     res += "."
-    for _ in range(uncomp_fractional):
+    for _ in range(layout.fraction_words):
         res += f"{int.from_bytes(data[at:at + 4], 'big', signed=True) ^ mask:09d}"
         at += 4
-    size = _COMPRESSED_BYTES[comp_fractional]
+    size = layout.fraction_tail
     if size > 0:
         value = int.from_bytes(data[at:at + size], "big", signed=True) ^ mask
-        res += f"{value:0{comp_fractional}d}"
-        at += size
-    return decimal.Decimal(res), pos + at
-
-
-def _decimal_size(precision: int, decimals: int) -> int:
-    integral = precision - decimals
-    return (integral // 9 * 4 + _COMPRESSED_BYTES[integral % 9]
-            + decimals // 9 * 4 + _COMPRESSED_BYTES[decimals % 9])
+        res += f"{value:0{layout.fraction_tail_digits}d}"
+    return decimal.Decimal(res), pos + layout.size
