@@ -91,9 +91,9 @@ CHANGELOG_STATS = {
 (Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
 ``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
 has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
-STAGING_STATS = {"delta.dataSkippingNumIndexedCols": "1"}
-"""Statistics of a new staging table: the window id alone (its first column), by which an
-emission reads its chunk; statistics on a chunk's other columns would only cost the capture
+STAGING_STATS = {"delta.dataSkippingNumIndexedCols": "0"}
+"""Statistics of a new staging table: none (it is partitioned by window, by which an
+emission reads its chunk); statistics on a chunk's columns would only cost the capture
 time."""
 ATTEMPT_COLUMN = "_dblog_attempt"
 """Changelog column: the write attempt that appended the row (see :class:`WriteAttempt`)."""
@@ -421,11 +421,14 @@ class DeltaSink:
         schema: T.StructType,
         props: Mapping[str, str],
         spark: SparkSession | None = None,
+        partitioned_by: Sequence[str] = (),
     ) -> None:
         from delta.tables import DeltaTable
 
         builder = DeltaTable.createIfNotExists(spark or self.spark).location(path)
         builder = builder.addColumns(schema)
+        if partitioned_by:
+            builder = builder.partitionedBy(*partitioned_by)
         for key, value in props.items():
             builder = builder.property(key, value)
         builder.execute()
@@ -544,17 +547,19 @@ class DeltaSink:
         Safe to call from a capture thread while the tailer writes: staging uses a session of
         its own (``df`` is written through its own session, which must not be ``self.spark``).
         """
-        # The window id first: Delta keeps min/max statistics on the leading columns, so an
-        # emission reads only its own files.
         staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
                            *[F.col(quote_ident(c)) for c in df.columns])
         path = self.layout.staging(table)
         if not self._exists(path, self._staging_spark):
             # Staging is read by Spark only: type widening lets a chunk selected after a
-            # MODIFY COLUMN append with mergeSchema.
+            # MODIFY COLUMN append with mergeSchema. Partitioned by window: an emission
+            # reads only its window's files, and a settled window's rows go with a commit
+            # that removes its files (no scan, no rewrite). A staging table made before
+            # that (unpartitioned) keeps working; its windows are found by statistics.
             props = {**table_properties(df.columns), **TYPE_WIDENING, **STAGING_STATS}
             del props["delta.enableChangeDataFeed"]
-            self._create_table(path, staged.schema, props, self._staging_spark)
+            self._create_table(path, staged.schema, props, self._staging_spark,
+                               partitioned_by=(WINDOW_COLUMN,))
         staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
     def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:

@@ -77,6 +77,29 @@ def test_staging_inside_a_writer_txn_is_neither_skipped_nor_tagged(
         assert "dblog.batch" not in (commit["userMetadata"] or "")
 
 
+def test_dropping_staged_windows_removes_their_files_and_rewrites_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Staging is partitioned by window: a settled window's rows go with a commit that only
+    removes its files (no scan, no rewrite), and an emission reads only its own files."""
+    from delta.tables import DeltaTable
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    for wid, ids in (("w1", [1, 2]), ("w2", [3, 4]), ("w3", [5])):
+        sink.stage_chunk(spark.createDataFrame([(i, f"n{i}") for i in ids], "id INT, name STRING"),
+                         wid, TABLE)
+    staging = sink.layout.staging(TABLE)
+    detail = DeltaTable.forPath(spark, staging).detail().first()
+    assert detail is not None and list(detail["partitionColumns"]) == ["_dblog_window_id"]
+    sink.drop_staged(TABLE, ["w1", "w3"])
+    delete = history(spark, staging)[0]
+    assert delete["operation"] == "DELETE"
+    metrics = delete["operationMetrics"]
+    assert metrics.get("numAddedFiles", "0") == "0" and int(metrics["numRemovedFiles"]) >= 2
+    assert sorted(r["id"] for r in rows(spark, staging)) == [3, 4]
+
+
 def test_a_batch_carries_its_markers_and_a_replay_of_a_landed_attempt_writes_nothing(
     spark: Any, tmp_path: Path
 ) -> None:
