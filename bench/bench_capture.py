@@ -1,8 +1,10 @@
 """Capture speed: ``dblog capture`` of one table against a plain Spark JDBC dump of it.
 
 Creates a table of ``--rows`` rows (ten columns of several types, ~150 bytes/row, generated on
-the server), then, in one process and on one SparkSession, for each variant (an idle source,
-and writers at ``--writers-tps`` single-row transactions/s on the same table):
+the server), then, in one process and on one SparkSession, for each variant (an idle source in
+a JVM that has done only a small warm-up, as in a fresh ``dblog capture`` process; the same
+again in the JVM warm from it; and writers at ``--writers-tps`` single-row transactions/s on
+the same table):
 
 * baseline: ``spark.read.jdbc`` of the whole table (``--baseline-partitions`` JDBC partitions
   by primary key) written to a new Delta table;
@@ -13,7 +15,8 @@ and writers at ``--writers-tps`` single-row transactions/s on the same table):
 
 Prints rows/s of each and dblog / baseline, and writes ``bench/results/capture.json``.
 
-    .venv/bin/python -m bench.bench_capture [--rows 1000000] [--writers-tps 500] [--smoke]
+    .venv/bin/python -m bench.bench_capture [--rows 1000000] [--writers-tps 500] [--no-warm]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="a fixed chunk size (default: the product's chunk sizing)")
     parser.add_argument("--max-in-flight", type=int, default=4)
+    parser.add_argument("--no-warm", dest="warm", action="store_false",
+                        help="skip the idle run repeated in a warm JVM")
     parser.add_argument("--capture-timeout", type=float, default=1800.0,
                         help="stop a capture after this many seconds and report its rate so "
                              "far (marked incomplete)")
@@ -180,8 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         dialect = make_dialect(probe)
         try:
             warm_up(spark, dialect, db, lake_dir(f"warm-{rid}") / "t")
-            variants = [("idle", 0.0)] + ([("writers", args.writers_tps)]
-                                          if args.writers_tps > 0 else [])
+            # "idle" runs in a JVM that has done only the small warm-up, as a capture
+            # launched in a fresh process (the CLI, a Dagster run) does; "idle-warm" repeats
+            # both sides once the JVM has compiled both paths (a long-running process).
+            variants = [("idle", 0.0)] + ([("idle-warm", 0.0)] if args.warm else []) + (
+                [("writers", args.writers_tps)] if args.writers_tps > 0 else [])
             for variant, tps in variants:
                 row: dict[str, Any] = {"variant": variant, "source_rows": table_facts(ep, db)}
                 for side in ("baseline", "dblog"):
@@ -207,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             drop_database(ep, db)
-            for name in (f"probe-{rid}", f"warm-{rid}", f"baseline-idle-{rid}",
-                         f"capture-idle-{rid}", f"baseline-writers-{rid}",
-                         f"capture-writers-{rid}"):
+            for name in (f"probe-{rid}", f"warm-{rid}",
+                         *(f"{side}-{variant}-{rid}" for side in ("baseline", "capture")
+                           for variant in ("idle", "idle-warm", "writers"))):
                 remove_lake(name)
     print()
     print_table(
@@ -224,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parameters = {
         "rows": args.rows, "writers_tps": args.writers_tps,
         "baseline_partitions": args.baseline_partitions, "chunk_size": args.chunk_size,
-        "max_in_flight": args.max_in_flight, "capture_timeout_s": args.capture_timeout,
+        "max_in_flight": args.max_in_flight, "warm": args.warm,
+        "capture_timeout_s": args.capture_timeout,
         "smoke": args.smoke, "spark_master": spark.conf.get("spark.master"),
     }
     path = write_results(output, "capture", parameters, results, {

@@ -824,6 +824,7 @@ class DeltaSink:
         path = self.layout.changelog(table)
         landed = self._written_before(table, attempt, commit_metadata)
         version: int | None = None
+        written: int | None = None
         if not landed:
             before = self._latest_version(path) if tb.emissions else -1
             parts: list[DataFrame] = []
@@ -837,7 +838,8 @@ class DeltaSink:
             self._append_changelog(table, changes, commit_metadata, in_order=in_order)
             if tb.emissions:
                 # None: the append had no rows, and Delta made no commit of it.
-                version = self._find_commit(path, commit_metadata, newer_than=before)
+                found = self._find_commit_entry(path, commit_metadata, newer_than=before)
+                version, written = found if found is not None else (None, None)
         elif tb.emissions:
             version = self._commit_version(path, commit_metadata)
         if tb.truncates:
@@ -847,8 +849,9 @@ class DeltaSink:
             # Emissions are computed once, into the changelog: capture deletes read the mirror
             # as it stands, so they must never be recomputed. The counts take the batch's rows
             # back from the changelog commit that holds them (the one just written, or the
-            # one an earlier attempt wrote).
-            emitted = self._count_emitted(self._committed_rows(table, version))
+            # one an earlier attempt wrote), unless the commit's row count says it alone.
+            emitted = self._counted_by_commit(tb, written) or self._count_emitted(
+                self._committed_rows(table, version))
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
@@ -959,6 +962,19 @@ class DeltaSink:
         else:  # rows past ``through_lsn`` may remain: looked up when needed
             self._unmerged_truncate.pop(table, None)
         return rows
+
+    @staticmethod
+    def _counted_by_commit(tb: TableBatch, written: int | None
+                           ) -> dict[tuple[str, str], int] | None:
+        """The emission counts the commit's row count gives alone (``written``, by this
+        attempt's append): a batch of one emission without coverage, and no log events or
+        truncates, writes only that window's ``r`` rows. None otherwise."""
+        if written is None or tb.events or tb.truncates or len(tb.emissions) != 1:
+            return None
+        window_id = tb.emissions[0].window.window_id
+        if window_id in tb.coverage:
+            return None
+        return {(window_id, Op.READ.value): written}
 
     @staticmethod
     def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:
@@ -1076,6 +1092,13 @@ class DeltaSink:
                      newer_than: int = -1) -> int | None:
         """The version of the changelog commit of the batch ``metadata`` names (any
         attempt at it; only commits after version ``newer_than``), or None."""
+        found = self._find_commit_entry(path, metadata, newer_than=newer_than)
+        return None if found is None else found[0]
+
+    def _find_commit_entry(self, path: str, metadata: Mapping[str, Any], *,
+                           newer_than: int = -1) -> tuple[int, int | None] | None:
+        """:meth:`_find_commit`, with the number of rows that commit wrote (None if its
+        history entry does not say)."""
         from delta.tables import DeltaTable
 
         def ours(user_metadata: str | None) -> bool:
@@ -1088,19 +1111,24 @@ class DeltaSink:
             return isinstance(found, dict) and all(
                 found.get(k, metadata[k]) == metadata[k] for k in _COMMIT_IDENTITY if k in metadata)
 
+        def entry(row: Any) -> tuple[int, int | None]:
+            written = (row["operationMetrics"] or {}).get("numOutputRows")
+            return int(row["version"]), None if written is None else int(written)
+
         table = DeltaTable.forPath(self.spark, path)
-        latest = table.history(1).select("version", "userMetadata").collect()
-        if latest and ours(latest[0]["userMetadata"]):
-            return int(latest[0]["version"])
-        if latest and int(latest[0]["version"]) <= newer_than:
+        columns = ("version", "userMetadata", "operationMetrics")
+        latest = table.history(1).select(*columns).collect()
+        if not latest or int(latest[0]["version"]) <= newer_than:
             return None
+        if ours(latest[0]["userMetadata"]):
+            return entry(latest[0])
         # Behind a later commit (a replay after a crash, or a maintenance commit meanwhile).
         history = (table.history()
                    .where((F.col("operation") == "WRITE") & (F.col("version") > newer_than))
-                   .select("version", "userMetadata").orderBy(F.desc("version")))
+                   .select(*columns).orderBy(F.desc("version")))
         for row in history.toLocalIterator():
             if ours(row["userMetadata"]):
-                return int(row["version"])
+                return entry(row)
         return None
 
     def _committed_rows(self, table: TableId, version: int) -> DataFrame:

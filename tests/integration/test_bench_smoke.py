@@ -32,7 +32,7 @@ def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
     out = tmp_path / "capture.json"
     assert bench_capture.main(["--smoke", "--output", str(out)]) == 0
     doc = _load(out, "capture")
-    assert [r["variant"] for r in doc["results"]] == ["idle", "writers"]
+    assert [r["variant"] for r in doc["results"]] == ["idle", "idle-warm", "writers"]
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
             assert row[side]["rows"] > 0 and row[side]["rows_per_s"] > 0

@@ -344,6 +344,46 @@ def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> Any:
     return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
 
 
+def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_rows(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of one emission without coverage is all ``r`` rows of one window: its count
+    is the commit's ``numOutputRows``, with no read back. Anything else (log events beside,
+    two emissions) is counted from the committed rows."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    reads: list[int] = []
+    read_back = sink._committed_rows
+
+    def counted(table: TableId, version: int) -> Any:
+        reads.append(version)
+        return read_back(table, version)
+
+    monkeypatch.setattr(sink, "_committed_rows", counted)
+
+    def stage(wid: str, ids: list[int]) -> None:
+        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
+                         wid, TABLE)
+
+    stage("w1", [1, 2, 3, 4])
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, {(2,)})]), 1, {})
+    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 3, 0)]
+    assert reads == []
+    stage("w2", [5, 6])
+    stage("w3", [7])
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, [ev(Op.CREATE, 9, 600)],
+                   emissions=[_emission(TABLE, "w2", 601, set()),
+                              _emission(TABLE, "w3", 602, set())]), 2, {})
+    assert [(r.window_id, r.rows_emitted) for r in results] == [("w2", 2), ("w3", 1)]
+    assert len(reads) == 1
+    stage("w4", [])
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w4", 700, set())]), 3, {})
+    assert [(r.window_id, r.rows_emitted) for r in results] == [("w4", 0)]
+
+
 def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     spark: Any, tmp_path: Path
 ) -> None:
