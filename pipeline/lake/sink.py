@@ -679,9 +679,11 @@ class DeltaSink:
         *,
         coverage: KeyRange | None = None,
         changed_before: Sequence[Key] = (),
-    ) -> DataFrame:
+    ) -> tuple[DataFrame, bool]:
         """The chunk's ``r`` rows and, with ``coverage``, the ``d`` rows of mirror keys in
-        that range the chunk lacks, numbered together in key order after the high watermark.
+        that range the chunk lacks, numbered together in key order after the high watermark;
+        and whether the rows can only be ``r`` rows (no coverage, or a mirror without a row
+        in it).
 
         ``changed_before``: keys this batch's log events change before the high watermark
         (the mirror row is stale for them; a log ``d`` already says when one went away).
@@ -710,6 +712,7 @@ class DeltaSink:
             return [F.col(quote_ident(k)).cast(types[k]).alias(o)
                     for k, o in zip(key, order_cols, strict=True)]
 
+        reads_only = True
         body = staged.select(
             *ordered(staged),
             F.lit(Op.READ.value).alias("op"),
@@ -724,24 +727,33 @@ class DeltaSink:
             # merge running meanwhile can only make this set larger than needed.
             unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
                         .select(*[_key_value(k) for k in key]).where(in_range))
-            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
-            gone = mirror.where(in_range)
-            gone = gone.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
-                             on=list(key), how="left_anti")
-            gone = gone.join(unmerged, on=list(key), how="left_anti")
-            kept = set(em.dropped_keys) | set(changed_before)
-            if kept:
-                gone = gone.join(self._keys_df(list(kept), key, types),
-                                 on=list(key), how="left_anti")
-            body = body.unionByName(gone.select(
-                *ordered(gone),
-                F.lit(Op.DELETE.value).alias("op"),
-                row_of(gone).alias("before"),
-                F.lit(None).cast(row_type).alias("after"),
-            ))
+            # The mirror's version now, after the bound of the unmerged rows was read: the
+            # check below and the deletes see the same rows.
+            mirror_path = self.layout.mirror(table)
+            mirror = (self.spark.read.format("delta")
+                      .option("versionAsOf", self._latest_version(mirror_path))
+                      .load(mirror_path))
+            in_mirror = mirror.where(in_range)
+            # A mirror without a row in the range (a capture into new keys) can lose none:
+            # the chunk's rows alone then, without reading the chunk twice and joining.
+            if in_mirror.limit(1).count():
+                reads_only = False
+                gone = in_mirror.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
+                                      on=list(key), how="left_anti")
+                gone = gone.join(unmerged, on=list(key), how="left_anti")
+                kept = set(em.dropped_keys) | set(changed_before)
+                if kept:
+                    gone = gone.join(self._keys_df(list(kept), key, types),
+                                     on=list(key), how="left_anti")
+                body = body.unionByName(gone.select(
+                    *ordered(gone),
+                    F.lit(Op.DELETE.value).alias("op"),
+                    row_of(gone).alias("before"),
+                    F.lit(None).cast(row_type).alias("after"),
+                ))
         order = Window.orderBy(*[F.col(o) for o in order_cols])
         commit_ts = _ts(em.commit_ts_ms)
-        return body.select(
+        rows = body.select(
             F.col("op"),
             F.col("before"),
             F.col("after"),
@@ -758,12 +770,15 @@ class DeltaSink:
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
             F.lit(attempt).alias(ATTEMPT_COLUMN),
         )
+        return rows, reads_only
 
     def _emissions(
         self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
         attempt: str,
-    ) -> list[DataFrame]:
+    ) -> tuple[list[DataFrame], set[str]]:
+        """Each emission's changelog rows, and the windows whose rows can only be ``r``."""
         out = []
+        reads_only: set[str] = set()
         for em in tb.emissions:
             coverage = tb.coverage.get(em.window.window_id)
             if coverage is not None and (any(t < em.position for t in tb.truncates)
@@ -774,9 +789,12 @@ class DeltaSink:
                       if ev.position < em.position and _maybe_in(coverage, ev.key)})
                 if coverage is not None else []
             )
-            out.append(self._emission_df(em, columns, key, batch, attempt, coverage=coverage,
-                                         changed_before=changed))
-        return out
+            rows, only_reads = self._emission_df(em, columns, key, batch, attempt,
+                                                 coverage=coverage, changed_before=changed)
+            out.append(rows)
+            if only_reads:
+                reads_only.add(em.window.window_id)
+        return out, reads_only
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""
@@ -825,12 +843,14 @@ class DeltaSink:
         landed = self._written_before(table, attempt, commit_metadata)
         version: int | None = None
         written: int | None = None
+        reads_only: set[str] = set()
         if not landed:
             before = self._latest_version(path) if tb.emissions else -1
             parts: list[DataFrame] = []
             if tb.events or tb.truncates:
                 parts.append(self._events_df(tb, columns, batch, attempt.id))
-            parts += self._emissions(tb, columns, key, batch, attempt.id)
+            emissions, reads_only = self._emissions(tb, columns, key, batch, attempt.id)
+            parts += emissions
             changes = reduce(DataFrame.unionByName, parts)
             # Already in position order, partition after partition: one emission alone (its
             # numbering), or log events alone (handed over in log order); no shuffle then.
@@ -850,7 +870,7 @@ class DeltaSink:
             # as it stands, so they must never be recomputed. The counts take the batch's rows
             # back from the changelog commit that holds them (the one just written, or the
             # one an earlier attempt wrote), unless the commit's row count says it alone.
-            emitted = self._counted_by_commit(tb, written) or self._count_emitted(
+            emitted = self._counted_by_commit(tb, written, reads_only) or self._count_emitted(
                 self._committed_rows(table, version))
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
@@ -964,15 +984,16 @@ class DeltaSink:
         return rows
 
     @staticmethod
-    def _counted_by_commit(tb: TableBatch, written: int | None
+    def _counted_by_commit(tb: TableBatch, written: int | None, reads_only: set[str]
                            ) -> dict[tuple[str, str], int] | None:
         """The emission counts the commit's row count gives alone (``written``, by this
-        attempt's append): a batch of one emission without coverage, and no log events or
-        truncates, writes only that window's ``r`` rows. None otherwise."""
+        attempt's append): a batch of one emission whose rows can only be ``r`` rows
+        (``reads_only``), and no log events or truncates, writes only that window's ``r``
+        rows. None otherwise."""
         if written is None or tb.events or tb.truncates or len(tb.emissions) != 1:
             return None
         window_id = tb.emissions[0].window.window_id
-        if window_id in tb.coverage:
+        if window_id not in reads_only:
             return None
         return {(window_id, Op.READ.value): written}
 

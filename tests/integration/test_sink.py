@@ -384,6 +384,41 @@ def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_row
     assert [(r.window_id, r.rows_emitted) for r in results] == [("w4", 0)]
 
 
+def test_a_covered_emission_over_keys_the_mirror_lacks_is_reads_only_and_counted_by_its_commit(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture into a new key range: the mirror holds no row in the chunk's coverage, so
+    the chunk can delete nothing; its emission is its ``r`` rows and its commit's row count
+    is its count. Where the mirror does hold rows, the deletes are still emitted."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    reads: list[int] = []
+    read_back = sink._committed_rows
+
+    def counted(table: TableId, version: int) -> Any:
+        reads.append(version)
+        return read_back(table, version)
+
+    monkeypatch.setattr(sink, "_committed_rows", counted)
+
+    def emit(wid: str, ids: list[int], lsn: int, covered: KeyRange, batch: int) -> Any:
+        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
+                         wid, TABLE)
+        _, results = sink.write_table_batch(
+            TableBatch(TABLE, emissions=[_emission(TABLE, wid, lsn, set())],
+                       coverage={wid: covered}), batch, {})
+        return [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results]
+
+    assert emit("w1", [11, 12, 13], 500, KeyRange((10,), (20,)), 2) == [("w1", 3, 0)]
+    assert reads == []
+    assert emit("w2", [1], 600, KeyRange((0,), (5,)), 3) == [("w2", 1, 1)]
+    assert len(reads) == 1
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 11, 12, 13]
+
+
 def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     spark: Any, tmp_path: Path
 ) -> None:
