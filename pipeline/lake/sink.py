@@ -727,15 +727,13 @@ class DeltaSink:
             # merge running meanwhile can only make this set larger than needed.
             unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
                         .select(*[_key_value(k) for k in key]).where(in_range))
-            # The mirror's version now, after the bound of the unmerged rows was read: the
-            # check below and the deletes see the same rows.
-            mirror_path = self.layout.mirror(table)
-            mirror = (self.spark.read.format("delta")
-                      .option("versionAsOf", self._latest_version(mirror_path))
-                      .load(mirror_path))
+            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
             in_mirror = mirror.where(in_range)
             # A mirror without a row in the range (a capture into new keys) can lose none:
-            # the chunk's rows alone then, without reading the chunk twice and joining.
+            # the chunk's rows alone then, without reading the chunk twice and joining. The
+            # same as computing the deletes at this moment (read after the unmerged rows'
+            # bound, like them): a merge that lands in between only adds rows of keys the
+            # chunk holds, was told of (dropped, changed) or saw deleted.
             if in_mirror.limit(1).count():
                 reads_only = False
                 gone = in_mirror.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
