@@ -47,7 +47,7 @@ from pipeline.tailer import chunk_path
 class CaptureOptions:
     chunk_size: int = 10_000
     """Rows of a range's first chunk (``chunk_sizes`` per table)."""
-    chunk_max_rows: int = 200_000
+    chunk_max_rows: int = 500_000
     """Chunks grow (doubling) while one takes under half ``chunk_target_seconds``."""
     chunk_target_seconds: float = 15.0
     max_in_flight: int = 4

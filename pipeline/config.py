@@ -85,7 +85,7 @@ class TailConfig:
 @dataclass(frozen=True)
 class CaptureConfig:
     chunk_size: int = 10_000
-    chunk_max_rows: int = 200_000
+    chunk_max_rows: int = 500_000
     chunk_target_seconds: float = 15.0
     max_in_flight: int = 4
     range_rows: int = 100000
@@ -257,7 +257,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     capture_data = data.get("capture") or {}
     capture = CaptureConfig(
         chunk_size=_positive(capture_data.get("chunk_size", 10_000), "capture.chunk_size"),
-        chunk_max_rows=_positive(capture_data.get("chunk_max_rows", 200_000),
+        chunk_max_rows=_positive(capture_data.get("chunk_max_rows", 500_000),
                                  "capture.chunk_max_rows"),
         chunk_target_seconds=_positive(capture_data.get("chunk_target_seconds", 15.0),
                                        "capture.chunk_target_seconds", float),

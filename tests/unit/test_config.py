@@ -24,7 +24,7 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.table_ids == (TableId("shop", "accounts"), TableId("shop", "orders"))
     assert config.table("shop.orders").chunk_size == 10
     assert config.table("shop.accounts").chunk_size == 10_000  # the default first chunk
-    assert config.capture.chunk_max_rows == 200_000
+    assert config.capture.chunk_max_rows == 500_000
     assert config.tail.maintain_every_s == 3600.0
     assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
     assert config.lake == str((tmp_path / "lake").resolve())
