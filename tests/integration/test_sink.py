@@ -344,14 +344,8 @@ def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> Any:
     return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
 
 
-def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_rows(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch of one emission without coverage is all ``r`` rows of one window: its count
-    is the commit's ``numOutputRows``, with no read back. Anything else (log events beside,
-    two emissions) is counted from the committed rows."""
-    sink = make_sink(spark, tmp_path)
-    sink.ensure_schema(SCHEMA)
+def _read_backs(sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The changelog versions the sink reads emission counts back from, as it reads them."""
     reads: list[int] = []
     read_back = sink._committed_rows
 
@@ -360,6 +354,18 @@ def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_row
         return read_back(table, version)
 
     monkeypatch.setattr(sink, "_committed_rows", counted)
+    return reads
+
+
+def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_rows(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of one emission without coverage is all ``r`` rows of one window: its count
+    is the commit's ``numOutputRows``, with no read back. Anything else (log events beside,
+    two emissions) is counted from the committed rows."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    reads = _read_backs(sink, monkeypatch)
 
     def stage(wid: str, ids: list[int]) -> None:
         sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
@@ -395,14 +401,7 @@ def test_a_covered_emission_over_keys_the_mirror_lacks_is_reads_only_and_counted
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
-    reads: list[int] = []
-    read_back = sink._committed_rows
-
-    def counted(table: TableId, version: int) -> Any:
-        reads.append(version)
-        return read_back(table, version)
-
-    monkeypatch.setattr(sink, "_committed_rows", counted)
+    reads = _read_backs(sink, monkeypatch)
 
     def emit(wid: str, ids: list[int], lsn: int, covered: KeyRange, batch: int) -> Any:
         sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
