@@ -255,14 +255,19 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     if not source.name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"config: source.name {source.name!r}: use letters, digits, - and _")
     capture_data = data.get("capture") or {}
+    default = CaptureConfig()
     capture = CaptureConfig(
-        chunk_size=_positive(capture_data.get("chunk_size", 10_000), "capture.chunk_size"),
-        chunk_max_rows=_positive(capture_data.get("chunk_max_rows", 500_000),
+        chunk_size=_positive(capture_data.get("chunk_size", default.chunk_size),
+                             "capture.chunk_size"),
+        chunk_max_rows=_positive(capture_data.get("chunk_max_rows", default.chunk_max_rows),
                                  "capture.chunk_max_rows"),
-        chunk_target_seconds=_positive(capture_data.get("chunk_target_seconds", 15.0),
-                                       "capture.chunk_target_seconds", float),
-        max_in_flight=_positive(capture_data.get("max_in_flight", 4), "capture.max_in_flight"),
-        range_rows=_positive(capture_data.get("range_rows", 100000), "capture.range_rows"),
+        chunk_target_seconds=_positive(
+            capture_data.get("chunk_target_seconds", default.chunk_target_seconds),
+            "capture.chunk_target_seconds", float),
+        max_in_flight=_positive(capture_data.get("max_in_flight", default.max_in_flight),
+                                "capture.max_in_flight"),
+        range_rows=_positive(capture_data.get("range_rows", default.range_rows),
+                             "capture.range_rows"),
     )
     raw_tables = data.get("tables")
     if not isinstance(raw_tables, list) or not raw_tables:
