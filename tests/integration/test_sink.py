@@ -711,6 +711,45 @@ def test_maintenance_lists_a_small_table_in_a_few_tasks(spark: Any, tmp_path: Pa
 # ---- 9. the mirror follows the changelog, several batches per MERGE -----------------------
 
 
+def _log_actions(path: str) -> set[str]:
+    """The kinds of actions (``add``, ``remove``, ``cdc``, ...) in a Delta table's commits."""
+    kinds: set[str] = set()
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            kinds.update(json.loads(line))
+    return kinds
+
+
+def test_only_the_changelog_keeps_a_change_feed(spark: Any, tmp_path: Path) -> None:
+    """The changelog is the change feed. A mirror MERGE that also wrote Delta's change data
+    files (a pre- and a post-image of every updated row) would write them for nothing, and
+    staging is read by dblog alone: both are made without it, whatever the session's
+    default."""
+    from delta.tables import DeltaTable
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.stage_chunk(spark.createDataFrame([(1, "n1")], "id INT, name STRING"), "w1", TABLE)
+    for batch, events in enumerate(([ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)],
+                                    [ev(Op.UPDATE, 1, 200, name="new"), ev(Op.DELETE, 2, 201)]),
+                                   start=1):
+        sink.write_table_batch(TableBatch(TABLE, events), batch, {})
+    sink.drop_staged(TABLE, ["w1"])
+
+    def change_feed(path: str) -> str | None:
+        detail = DeltaTable.forPath(spark, path).detail().first()
+        assert detail is not None
+        return dict(detail["properties"]).get("delta.enableChangeDataFeed")
+
+    layout = sink.layout
+    assert change_feed(layout.changelog(TABLE)) == "true"
+    assert change_feed(layout.mirror(TABLE)) == "false"
+    assert change_feed(layout.staging(TABLE)) == "false"
+    assert {r["id"]: r["name"] for r in rows(spark, layout.mirror(TABLE))} == {1: "new", 3: "n3"}
+    assert "cdc" not in _log_actions(layout.mirror(TABLE))
+    assert "cdc" not in _log_actions(layout.staging(TABLE))
+
+
 def _merges(spark: Any, path: str) -> list[Any]:
     return [h for h in history(spark, path) if h["operation"] == "MERGE"]
 
