@@ -750,6 +750,20 @@ def test_only_the_changelog_keeps_a_change_feed(spark: Any, tmp_path: Path) -> N
     assert "cdc" not in _log_actions(layout.staging(TABLE))
 
 
+def test_a_checkpoint_every_hundred_commits(spark: Any, tmp_path: Path) -> None:
+    """Delta writes a checkpoint in the commit that reaches the interval; at its default
+    (10) that was a third of a small append's time."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    for batch in range(1, 13):
+        sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, batch, 100 + batch)]), batch, {})
+    for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
+        log = Path(path, "_delta_log")
+        assert len(list(log.glob("*.json"))) > 10
+        assert not list(log.glob("*.checkpoint*.parquet")), path
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == list(range(1, 13))
+
+
 def _merges(spark: Any, path: str) -> list[Any]:
     return [h for h in history(spark, path) if h["operation"] == "MERGE"]
 
