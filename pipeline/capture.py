@@ -32,6 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome, next_chunk_rows
+from pipeline.config import CaptureConfig
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
@@ -45,12 +46,14 @@ from pipeline.tailer import chunk_path
 
 @dataclass(frozen=True)
 class CaptureOptions:
-    chunk_size: int = 10_000
+    """How a capture runs; the sizing defaults are the configuration's (``CaptureConfig``)."""
+
+    chunk_size: int = CaptureConfig.chunk_size
     """Rows of a range's first chunk (``chunk_sizes`` per table)."""
-    chunk_max_rows: int = 500_000
+    chunk_max_rows: int = CaptureConfig.chunk_max_rows
     """Chunks grow (doubling) while one takes under half ``chunk_target_seconds``."""
-    chunk_target_seconds: float = 15.0
-    max_in_flight: int = 4
+    chunk_target_seconds: float = CaptureConfig.chunk_target_seconds
+    max_in_flight: int = CaptureConfig.max_in_flight
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
     position_timeout_s: float = 120.0
