@@ -44,7 +44,7 @@ from pymysqlreplication.row_event import (
 from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
 from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
-from pipeline.sources.mysql.connection import MySqlSettings, translate
+from pipeline.sources.mysql.connection import LogConnection, MySqlSettings, translate
 from pipeline.sources.mysql.rowimage import ImageReader, compile_reader, full_bitmap
 from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
 from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
@@ -284,6 +284,7 @@ class MySqlLogReader:
         kwargs = self._settings.pymysql_kwargs()
         return BinLogStreamReader(
             connection_settings=kwargs,
+            pymysql_wrapper=LogConnection,
             server_id=self._settings.server_id,
             log_file=self._boundary["file"],
             log_pos=self._boundary["pos"],

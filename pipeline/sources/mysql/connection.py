@@ -52,6 +52,41 @@ class MySqlSettings:
         }
 
 
+class _SteadyTimeoutSocket:
+    """A socket whose ``settimeout`` does nothing when the timeout stays the same; every
+    other attribute is the socket's own."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._timeout = sock.gettimeout()
+
+    def settimeout(self, value: float | None) -> None:
+        if value != self._timeout:
+            self._sock.settimeout(value)
+            self._timeout = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class LogConnection(pymysql.connections.Connection):  # type: ignore[misc]
+    """The binlog connection (``pymysql_wrapper`` of mysql-replication).
+
+    PyMySQL sets its socket's timeout before every packet it reads or writes, and CPython
+    gives up the GIL around that call. The binlog is read in a thread of its own, so at
+    every packet (several per row event) it waited for the GIL whenever another thread of
+    the process was running Python: 14 times slower beside a busy thread, and the tailer's
+    writer is one. Here the timeout is set only when it changes (once: reads and writes
+    share one timeout); reading the socket still gives the GIL up, once per buffer.
+    """
+
+    def connect(self, sock: Any = None) -> None:
+        super().connect(sock)
+        connected: Any = getattr(self, "_sock", None)
+        if connected is not None and not isinstance(connected, _SteadyTimeoutSocket):
+            setattr(self, "_sock", _SteadyTimeoutSocket(connected))  # noqa: B010 - untyped base
+
+
 def translate(exc: BaseException, settings: MySqlSettings, doing: str = "") -> DblogError:
     """Map a PyMySQL error to the engine's errors (one clear line, never the password)."""
     where = f"MariaDB/MySQL at {settings.address}"
