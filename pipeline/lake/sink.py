@@ -376,9 +376,15 @@ class DeltaSink:
         """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
         self._attempt_column: set[TableId] = set()
         """Tables whose changelog is known to have :data:`ATTEMPT_COLUMN`."""
-        self._unmerged_truncate: dict[TableId, bool] = {}
-        """Per table: whether a changelog row the mirror lacks is a truncate (absent: not
-        known yet, read from the changelog once)."""
+        self._unmerged_truncates: dict[TableId, tuple[int, ...]] = {}
+        """Per table: the ``_dblog_lsn`` of every truncate row the mirror lacks (absent: not
+        known yet, read from the changelog once). Written truncates add to it, merges take
+        off what they covered: the changelog is read again only after a restart."""
+        self._truncates_lock = threading.Lock()
+        """The tailer adds to :attr:`_unmerged_truncates` while the mirror merger trims it."""
+        self._changelog_version: dict[TableId, int] = {}
+        """Per table: the changelog version of this sink's last append (a lower bound on
+        the latest: only this sink appends, but maintenance may commit too)."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -805,10 +811,29 @@ class DeltaSink:
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""
-        if table not in self._unmerged_truncate:
-            self._unmerged_truncate[table] = bool(
-                self._unmerged(table).where(F.col("op") == TRUNCATE_OP).limit(1).count())
-        return self._unmerged_truncate[table]
+        with self._truncates_lock:
+            known = self._unmerged_truncates.get(table)
+        if known is None:
+            # Read without the lock (a Spark job). Against a mirror position read before a
+            # merge that lands meanwhile, it can only name more truncates than remain.
+            found = tuple(int(r[0]) for r in self._unmerged(table)
+                          .where(F.col("op") == TRUNCATE_OP).select("_dblog_lsn").collect())
+            with self._truncates_lock:
+                known = self._unmerged_truncates.setdefault(table, found)
+        return bool(known)
+
+    def _note_truncates_written(self, table: TableId, lsns: Sequence[int]) -> None:
+        with self._truncates_lock:
+            known = self._unmerged_truncates.get(table)
+            if known is not None:
+                self._unmerged_truncates[table] = (*known, *lsns)
+
+    def _note_merged_through(self, table: TableId, lsn: int) -> None:
+        """The mirror holds every changelog row at or below ``lsn``."""
+        with self._truncates_lock:
+            known = self._unmerged_truncates.get(table)
+            if known is not None:
+                self._unmerged_truncates[table] = tuple(t for t in known if t > lsn)
 
     @property
     def app_id(self) -> str:
@@ -852,7 +877,10 @@ class DeltaSink:
         written: int | None = None
         reads_only: set[str] = set()
         if not landed:
-            before = self._latest_version(path) if tb.emissions else -1
+            # Any version at or below the latest before this append will do (it only
+            # bounds the search for the commit): the one this sink last wrote, if known.
+            before = (self._changelog_version.get(table, -1) if table in self._changelog_version
+                      else self._latest_version(path)) if tb.emissions else -1
             parts: list[DataFrame] = []
             if tb.events or tb.truncates:
                 parts.append(self._events_df(tb, columns, batch, attempt.id))
@@ -867,10 +895,14 @@ class DeltaSink:
                 # None: the append had no rows, and Delta made no commit of it.
                 found = self._find_commit_entry(path, commit_metadata, newer_than=before)
                 version, written = found if found is not None else (None, None)
+                if version is not None:
+                    self._changelog_version[table] = version
+            elif table in self._changelog_version:  # log events: never an empty append
+                self._changelog_version[table] += 1
         elif tb.emissions:
             version = self._commit_version(path, commit_metadata)
         if tb.truncates:
-            self._unmerged_truncate[table] = True
+            self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
         emitted: dict[tuple[str, str], int] = {}
         if tb.emissions and version is not None:
             # Emissions are computed once, into the changelog: capture deletes read the mirror
@@ -966,6 +998,7 @@ class DeltaSink:
         if rows == 0:
             if through_lsn is not None:
                 self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
+                self._note_merged_through(table, through_lsn)
             return 0
         assert summary is not None
         mark = int(through_lsn if through_lsn is not None else summary["top"])
@@ -984,10 +1017,7 @@ class DeltaSink:
         # idempotent, so it runs again.
         retry_concurrent_commits(merge, pause_s=0.5)
         self._mirror_lsn[table] = mark
-        if through_lsn is None:
-            self._unmerged_truncate[table] = False
-        else:  # rows past ``through_lsn`` may remain: looked up when needed
-            self._unmerged_truncate.pop(table, None)
+        self._note_merged_through(table, mark)
         return rows
 
     @staticmethod
@@ -1151,7 +1181,9 @@ class DeltaSink:
         if ours(latest[0]["userMetadata"]):
             return entry(latest[0])
         # Behind a later commit (a replay after a crash, or a maintenance commit meanwhile).
-        history = (table.history()
+        # Only the commits after ``newer_than`` are read, when it is known.
+        since = int(latest[0]["version"]) - newer_than
+        history = ((table.history(since) if newer_than >= 0 else table.history())
                    .where((F.col("operation") == "WRITE") & (F.col("version") > newer_than))
                    .select(*columns).orderBy(F.desc("version")))
         for row in history.toLocalIterator():

@@ -856,3 +856,76 @@ def test_an_emission_without_rows_counts_none(spark: Any, tmp_path: Path) -> Non
         {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500},
         attempt=WriteAttempt(earlier=(WriteAttempt().id,)))
     assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(0, 0)]
+
+
+def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the mirror lacks a truncate is read from the changelog once; then the sink
+    keeps it: the truncates it writes add to it, each merge takes off what it covered."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    sink.write_table_batch(TableBatch(TABLE, truncates=[Position(200, 0)]), 2, {},
+                           merge_mirror=False)
+    assert sink._truncated_unmerged(TABLE)  # read from the changelog
+
+    def known(s: DeltaSink) -> bool:
+        with monkeypatch.context() as m:
+            m.setattr(s, "_unmerged", lambda *a, **k: pytest.fail("changelog read again"))
+            return s._truncated_unmerged(TABLE)
+
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 3, 300)]), 3, {}, merge_mirror=False)
+    sink.write_table_batch(TableBatch(TABLE, truncates=[Position(400, 0)]), 4, {},
+                           merge_mirror=False)
+    assert known(sink)
+    assert sink.merge_mirror(TABLE, 3, {}, through_lsn=300) == 2
+    assert known(sink)  # the truncate at 400 is still to merge
+    sink.merge_mirror(TABLE, 4, {})
+    assert not known(sink)
+    assert rows(spark, sink.layout.mirror(TABLE)) == []
+    sink.write_table_batch(TableBatch(TABLE, truncates=[Position(500, 0)]), 5, {},
+                           merge_mirror=False)
+    assert known(sink)
+    again = make_sink(spark, tmp_path)  # a restart reads it from the changelog
+    assert again._truncated_unmerged(TABLE)
+    again.merge_mirror(TABLE, 5, {})
+    assert not known(again)
+
+
+def test_emission_batches_after_the_first_read_the_changelog_history_once(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the sink found its first emission's commit it knows the changelog's version:
+    later emissions read the history only to find their own commit, also after batches
+    of log events and for an emission without rows (no commit)."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+
+    def emit(wid: str, ids: list[int], lsn: int, batch: int) -> list[tuple[str, int]]:
+        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
+                         wid, TABLE)
+        _, results = sink.write_table_batch(
+            TableBatch(TABLE, emissions=[_emission(TABLE, wid, lsn, set())]), batch,
+            {"dblog.batch": batch, "dblog.from_lsn": lsn - 1, "dblog.to_lsn": lsn})
+        return [(r.window_id, r.rows_emitted) for r in results]
+
+    assert emit("w1", [1, 2], 500, 1) == [("w1", 2)]
+    latest: list[str] = []
+    read_latest = sink._latest_version
+
+    def counted(path: str) -> int:
+        latest.append(path)
+        return read_latest(path)
+
+    monkeypatch.setattr(sink, "_latest_version", counted)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 9, 600)]), 2,
+                           {"dblog.batch": 2, "dblog.from_lsn": 500, "dblog.to_lsn": 600})
+    assert emit("w2", [], 700, 3) == [("w2", 0)]
+    assert emit("w3", [5], 800, 4) == [("w3", 1)]
+    sink.maintain(TABLE)  # a compaction commits to the changelog too
+    assert emit("w4", [6, 7], 900, 5) == [("w4", 2)]
+    assert emit("w5", [], 1000, 6) == [("w5", 0)]
+    assert latest == []
+    assert sorted(r["after"]["id"] for r in rows(spark, sink.layout.changelog(TABLE))) == [
+        1, 2, 5, 6, 7, 9]
