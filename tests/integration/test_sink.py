@@ -929,3 +929,33 @@ def test_emission_batches_after_the_first_read_the_changelog_history_once(
     assert latest == []
     assert sorted(r["after"]["id"] for r in rows(spark, sink.layout.changelog(TABLE))) == [
         1, 2, 5, 6, 7, 9]
+
+
+def test_an_emission_numbers_its_rows_in_key_order_whatever_the_staged_order(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A chunk staged by several tasks in no order is numbered 1, 2, ... after the high
+    watermark in key order, the capture's deletes among its rows, in one changelog file."""
+    import random
+
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (3, 3001)]),
+                           1, {})
+    ids = [i for i in range(1, 3001) if i != 3]
+    random.Random(7).shuffle(ids)
+    staged = spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING")
+    sink.stage_chunk(staged.repartition(4), "w1", TABLE)
+    _, results = sink.write_table_batch(
+        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 9000, {(10,)})],
+                   coverage={"w1": KeyRange((0,), (3000,))}), 2, {})
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2998, 1)]
+    log = spark.read.format("delta").load(sink.layout.changelog(TABLE)).where("_dblog_batch = 2")
+    assert len(log.inputFiles()) == 1
+    numbered = sorted((r["_dblog_seq"], r["op"], (r["after"] or r["before"])["id"])
+                      for r in log.collect())
+    expected_keys = sorted({*ids, 3} - {10})
+    assert [(seq, key) for seq, _, key in numbered] == list(enumerate(expected_keys, start=1))
+    assert [op for _, op, key in numbered if key == 3] == ["d"]
