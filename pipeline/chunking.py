@@ -205,22 +205,30 @@ def chunk_outcome(
     return ChunkOutcome(final=final, delete_range=None if filtered else (after, through))
 
 
+MOST_GROWTH = 8.0
+"""The most one chunk's size multiplies the next one's."""
+
+
 def next_chunk_rows(rows_asked: int, rows_read: int, seconds: float, *, first: int,
                     most: int, target_seconds: float) -> int:
     """How many rows the next chunk of a range asks for, sized by rows and time.
 
-    A chunk that came back full in under half ``target_seconds`` doubles the next one (up
-    to ``most``); one that took over twice the target halves it (never below ``first``,
-    the configured size); a short chunk (the range is ending, or a filter) changes nothing.
-    DBLog allows any amount of reading between a low and a high watermark, so the size is
-    a matter of speed (fewer windows, commits and round trips) against window length.
+    A chunk that came back full in under half ``target_seconds`` grows the next one toward
+    the target at its pace: ``target / seconds`` times, at least twice and at most
+    :data:`MOST_GROWTH` times (up to ``most``). Its seconds include a chunk's fixed costs,
+    so the next one tends to land under the target rather than over. One that took over
+    twice the target halves it (never below ``first``, the configured size); a short chunk
+    (the range is ending, or a filter) changes nothing. DBLog allows any amount of reading
+    between a low and a high watermark, so the size is a matter of speed (fewer windows,
+    commits and round trips, each with fixed costs) against window length.
     """
     asked = max(1, rows_asked)
     floor = max(1, min(first, most))
     if rows_read < asked or target_seconds <= 0:
         return max(floor, min(asked, most))
     if seconds < target_seconds / 2:
-        return max(floor, min(asked * 2, most))
+        growth = MOST_GROWTH if seconds <= 0 else min(MOST_GROWTH, target_seconds / seconds)
+        return max(floor, min(int(asked * max(2.0, growth)), most))
     if seconds > target_seconds * 2:
         return max(floor, min(asked // 2, most))
     return max(floor, min(asked, most))

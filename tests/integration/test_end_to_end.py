@@ -52,8 +52,9 @@ def test_concurrent_writes_capture_and_tail(
         initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
         config = load_config(source_kit.config(
             tmp_path / "dblog.yaml", source=source, db=db, lake=tmp_path / "lake",
-            chunk_size=300, batch_seconds=1.0,
-            chunk_max_rows=10_000,  # chunks grow as fast ones do in production
+            # Chunks grow as fast ones do in production (up to eightfold), still three
+            # windows a table: 100 rows, 800, then the rest.
+            chunk_size=100, batch_seconds=1.0, chunk_max_rows=10_000,
         ))
         with open_runtime(config, spark=spark) as rt:
             bg = BackgroundTailer(rt.tailer()).start()
@@ -76,6 +77,7 @@ def test_concurrent_writes_capture_and_tail(
                 finally:
                     workload.stop()
                 assert [r.status for r in reports] == ["done", "done"], reports
+                assert all(r.chunks >= 3 for r in reports), reports  # windows to interleave
                 assert workload.ops > 50, "the writers barely ran"
                 rt.wait_caught_up(bg.check)
             finally:

@@ -5,18 +5,22 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chunking import next_chunk_rows
+from pipeline.chunking import MOST_GROWTH, next_chunk_rows
 
 
 def size(asked: int, read: int, seconds: float) -> int:
     return next_chunk_rows(asked, read, seconds, first=1000, most=16000, target_seconds=4.0)
 
 
-def test_fast_full_chunks_double_up_to_the_cap() -> None:
+def test_fast_full_chunks_grow_toward_the_target_up_to_the_cap() -> None:
+    assert size(1000, 1000, 1.0) == 4000  # four times under the 4 s target
+    assert size(1000, 1000, 1.6) == 2500
+    assert size(1000, 1000, 0.1) == 8000  # at most eightfold
+    assert size(1000, 1000, 0.0) == 8000
     sizes = [1000]
-    for _ in range(6):
+    for _ in range(4):
         sizes.append(size(sizes[-1], sizes[-1], 0.5))
-    assert sizes == [1000, 2000, 4000, 8000, 16000, 16000, 16000]
+    assert sizes == [1000, 8000, 16000, 16000, 16000]
 
 
 def test_slow_chunks_halve_down_to_the_first_size() -> None:
@@ -38,4 +42,6 @@ def test_the_size_stays_between_the_first_size_and_the_cap(
     got = next_chunk_rows(asked, min(read, asked), seconds, first=first, most=most,
                           target_seconds=target)
     assert min(first, most) <= got <= most
-    assert got <= max(2 * asked, min(first, most))
+    assert got <= max(MOST_GROWTH * asked, min(first, most))
+    if read == asked and target > 0 and seconds < target / 2:
+        assert got >= min(2 * asked, most)  # a fast full chunk grows
