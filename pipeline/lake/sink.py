@@ -879,8 +879,9 @@ class DeltaSink:
         if not landed:
             # Any version at or below the latest before this append will do (it only
             # bounds the search for the commit): the one this sink last wrote, if known.
-            before = (self._changelog_version.get(table, -1) if table in self._changelog_version
-                      else self._latest_version(path)) if tb.emissions else -1
+            known = self._changelog_version.get(table)
+            before = -1 if not tb.emissions else (
+                known if known is not None else self._latest_version(path))
             parts: list[DataFrame] = []
             if tb.events or tb.truncates:
                 parts.append(self._events_df(tb, columns, batch, attempt.id))
