@@ -51,7 +51,8 @@ class CaptureOptions:
     chunk_size: int = CaptureConfig.chunk_size
     """Rows of a range's first chunk (``chunk_sizes`` per table)."""
     chunk_max_rows: int = CaptureConfig.chunk_max_rows
-    """Chunks grow (doubling) while one takes under half ``chunk_target_seconds``."""
+    """Chunks grow (2x-8x, toward the target) up to this while one takes under half
+    ``chunk_target_seconds``."""
     chunk_target_seconds: float = CaptureConfig.chunk_target_seconds
     max_in_flight: int = CaptureConfig.max_in_flight
     poll_seconds: float = 0.1
