@@ -1,5 +1,5 @@
-"""The latency and impact benchmarks work (tiny sizes, each in its own process: the impact
-bench pins CPUs): each writes its JSON with sane figures. Timings are never asserted here;
+"""The latency and impact benchmarks work (tiny sizes; the impact bench in its own process,
+since it pins CPUs): each writes its JSON with sane figures. Timings are never asserted here;
 `make bench` measures."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from pipeline.services import Endpoints
 
 pytestmark = pytest.mark.integration
@@ -22,11 +24,19 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(module: str, out: Path, timeout: float = 240.0) -> dict[str, Any]:
+def _checked(out: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert doc["parameters"]["smoke"] is True
+    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
+    assert doc["results"]
+    return doc
+
+
+def _run(module: str, out: Path, *args: str, timeout: float = 240.0) -> dict[str, Any]:
     """``python -m bench.<module> --smoke``; on a timeout it gets SIGTERM first (the impact
     bench restores MariaDB's CPU affinity on the way out)."""
     proc = subprocess.Popen([sys.executable, "-m", f"bench.{module}", "--smoke",
-                             "--output", str(out)], cwd=ROOT, env=dict(os.environ),
+                             "--output", str(out), *args], cwd=ROOT, env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -35,11 +45,7 @@ def _run(module: str, out: Path, timeout: float = 240.0) -> dict[str, Any]:
         output, _ = proc.communicate(timeout=60)
         pytest.fail(f"bench.{module} --smoke took over {timeout:.0f}s:\n{output[-4000:]}")
     assert proc.returncode == 0, output[-4000:]
-    doc: dict[str, Any] = json.loads(out.read_text())
-    assert doc["parameters"]["smoke"] is True
-    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
-    assert doc["results"]
-    return doc
+    return _checked(out)
 
 
 def _ordered(stats: dict[str, Any]) -> None:
@@ -47,8 +53,12 @@ def _ordered(stats: dict[str, Any]) -> None:
     assert 0 <= stats["p50"] <= stats["p95"] <= stats["p99"] <= stats["max"]
 
 
-def test_latency_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
-    doc = _run("bench_latency", tmp_path / "latency.json")
+def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
+    from bench import bench_latency
+
+    out = tmp_path / "latency.json"
+    assert bench_latency.main(["--smoke", "--output", str(out)]) == 0
+    doc = _checked(out)
     assert doc["name"] == "latency"
     base, dblog = doc["results"]["baseline"], doc["results"]["dblog"]
     assert base["commits"] > 0 and base["achieved_tps"] > 0 and base["rows_decoded"] > 0
@@ -64,11 +74,13 @@ def test_latency_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
 
 
 def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
-    doc = _run("bench_impact", tmp_path / "impact.json")
+    # Pinned where it can be (its affinities are what can go wrong); unpinned is the same
+    # run without them, left to `make bench`.
+    placement = "pinned" if len(os.sched_getaffinity(0)) >= 2 else "unpinned"
+    doc = _run("bench_impact", tmp_path / "impact.json", "--placements", placement)
     assert doc["name"] == "impact"
     rows = {r["placement"]: r for r in doc["results"]}
-    expected = {"pinned", "unpinned"} if (os.cpu_count() or 1) >= 2 else {"unpinned"}
-    assert set(rows) == expected
+    assert set(rows) == {placement}
     for row in rows.values():
         for side in ("without", "with"):
             _ordered(row[side])
