@@ -60,6 +60,10 @@ from pipeline.window import ChunkEmission
 
 META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
 WINDOW_COLUMN = "_dblog_window_id"
+RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
+"""The lake's own columns beside a table's columns: the mirror's position, staging's window.
+A source column may not take one of these names (in any case: Spark compares names without
+it)."""
 TABLE_PROPERTIES = {
     "delta.enableChangeDataFeed": "true",
     "delta.appendOnly": "false",
@@ -408,10 +412,19 @@ class DeltaSink:
         return self._columns.get(table, [])
 
     def ensure_schema(self, schema: TableSchema) -> None:
-        """Create the table's Delta tables, or add the columns they do not have yet."""
+        """Create the table's Delta tables, or add the columns they do not have yet.
+
+        Refuses a schema with a column of a :data:`RESERVED_COLUMNS` name, before any change
+        to the lake."""
         table = schema.table
         if self._ensured.get(table) == schema:  # the lake only gains columns and widens
             return
+        clash = [c.name for c in schema.columns if c.name.lower() in RESERVED_COLUMNS]
+        if clash:
+            raise DblogError(
+                f"{table}: the column name {', '.join(clash)} is one the lake's tables "
+                f"reserve for dblog ({', '.join(RESERVED_COLUMNS)}, in any case); rename it in "
+                f"the source, or leave {table} out of the configuration")
         current = self.known_columns(table)
         if not current:
             self._create(schema)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import LeadershipLost
+from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Op, Position, TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.sink import ATTEMPT_COLUMN, MIRROR_LSN, DeltaSink, TableBatch, WriteAttempt
@@ -75,6 +75,26 @@ def test_staging_inside_a_writer_txn_is_neither_skipped_nor_tagged(
     assert rows(spark, staging) == []
     for commit in history(spark, staging):
         assert "dblog.batch" not in (commit["userMetadata"] or "")
+
+
+@pytest.mark.parametrize("name", ["_dblog_lsn", "_DBLOG_SEQ", "_dblog_window_id"])
+def test_a_column_named_like_the_lakes_own_is_refused_with_what_to_do(
+    spark: Any, tmp_path: Path, name: str
+) -> None:
+    """The mirror keeps its position in ``_dblog_lsn`` / ``_dblog_seq`` beside the table's
+    columns and staging its window in ``_dblog_window_id`` (Spark compares names without
+    case): a source column of such a name is refused by name, with what to do, before any
+    table is made, and a DDL adding one changes nothing in the lake."""
+    sink = make_sink(spark, tmp_path)
+    clashing = TableSchema(TABLE, (*SCHEMA.columns, Column(name, "INT")), ("id",))
+    with pytest.raises(DblogError, match=f"{name}.*reserve.*rename it in the source"):
+        sink.ensure_schema(clashing)
+    assert not Path(sink.layout.changelog(TABLE)).exists()
+    assert not Path(sink.layout.mirror(TABLE)).exists()
+    sink.ensure_schema(SCHEMA)
+    with pytest.raises(DblogError, match=f"{name}.*reserve"):
+        sink.ensure_schema(clashing)
+    assert [c.name for c in make_sink(spark, tmp_path).known_columns(TABLE)] == ["id", "name"]
 
 
 def test_dropping_staged_windows_removes_their_files_and_rewrites_nothing(
