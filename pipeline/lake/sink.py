@@ -424,7 +424,9 @@ class DeltaSink:
             raise DblogError(
                 f"{table}: the column name {', '.join(clash)} is one the lake's tables "
                 f"reserve for dblog ({', '.join(RESERVED_COLUMNS)}, in any case); rename it in "
-                f"the source, or leave {table} out of the configuration")
+                f"the source, or leave {table} out of the configuration (a tailer that met "
+                "it in the log goes on past it with `dblog tail --from-head`, then "
+                "`dblog capture`)")
         current = self.known_columns(table)
         if not current:
             self._create(schema)
