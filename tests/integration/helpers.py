@@ -3,6 +3,7 @@ subprocess (so a crash point can SIGKILL it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -64,3 +65,14 @@ def run_dblog(config: Path, *args: str, password: str, fault: str | None = None
     if proc.returncode not in (0, -9):
         raise AssertionError(f"dblog {args} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return proc.returncode, proc.stdout
+
+
+def smoke_result(path: Path, name: str) -> dict[str, Any]:
+    """A bench smoke's result file, checked for what every bench writes (its name, the smoke
+    flag, machine, versions and results)."""
+    doc: dict[str, Any] = json.loads(path.read_text())
+    assert doc["name"] == name
+    assert doc["parameters"]["smoke"] is True
+    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
+    assert doc["results"]
+    return doc

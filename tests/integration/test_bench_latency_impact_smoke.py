@@ -4,7 +4,6 @@ since it pins CPUs): each writes its JSON with sane figures. Timings are never a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.integration.helpers import smoke_result
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,15 +25,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _checked(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(out.read_text())
-    assert doc["parameters"]["smoke"] is True
-    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
-    assert doc["results"]
-    return doc
-
-
-def _run(module: str, out: Path, *args: str, timeout: float = 240.0) -> dict[str, Any]:
+def _run(module: str, out: Path, name: str, *args: str, timeout: float = 240.0
+         ) -> dict[str, Any]:
     """``python -m bench.<module> --smoke``; on a timeout it gets SIGTERM first (the impact
     bench restores MariaDB's CPU affinity on the way out)."""
     proc = subprocess.Popen([sys.executable, "-m", f"bench.{module}", "--smoke",
@@ -45,7 +39,7 @@ def _run(module: str, out: Path, *args: str, timeout: float = 240.0) -> dict[str
         output, _ = proc.communicate(timeout=60)
         pytest.fail(f"bench.{module} --smoke took over {timeout:.0f}s:\n{output[-4000:]}")
     assert proc.returncode == 0, output[-4000:]
-    return _checked(out)
+    return smoke_result(out, name)
 
 
 def _ordered(stats: dict[str, Any]) -> None:
@@ -58,8 +52,7 @@ def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
 
     out = tmp_path / "latency.json"
     assert bench_latency.main(["--smoke", "--output", str(out)]) == 0
-    doc = _checked(out)
-    assert doc["name"] == "latency"
+    doc = smoke_result(out, "latency")
     base, dblog = doc["results"]["baseline"], doc["results"]["dblog"]
     assert base["commits"] > 0 and base["achieved_tps"] > 0 and base["rows_decoded"] > 0
     _ordered(base["decoded"])
@@ -77,8 +70,7 @@ def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
     # Pinned where it can be (its affinities are what can go wrong); unpinned is the same
     # run without them, left to `make bench`.
     placement = "pinned" if len(os.sched_getaffinity(0)) >= 2 else "unpinned"
-    doc = _run("bench_impact", tmp_path / "impact.json", "--placements", placement)
-    assert doc["name"] == "impact"
+    doc = _run("bench_impact", tmp_path / "impact.json", "impact", "--placements", placement)
     rows = {r["placement"]: r for r in doc["results"]}
     assert set(rows) == {placement}
     for row in rows.values():

@@ -3,11 +3,12 @@ never asserted here; `make bench` measures."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.integration.helpers import smoke_result
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -17,22 +18,13 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 
-def _load(path: Path, name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(path.read_text())
-    assert doc["name"] == name
-    assert doc["parameters"]["smoke"] is True
-    assert doc["machine"]["cores"] > 0 and doc["versions"]["pyspark"]
-    assert doc["results"]
-    return doc
-
-
 def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
     from bench import bench_capture
 
     out = tmp_path / "capture.json"
     # "idle-warm" repeats "idle"'s code in the same JVM; the smoke leaves it to `make bench`.
     assert bench_capture.main(["--smoke", "--no-warm", "--output", str(out)]) == 0
-    doc = _load(out, "capture")
+    doc = smoke_result(out, "capture")
     assert [r["variant"] for r in doc["results"]] == ["idle", "writers"]
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
@@ -45,7 +37,7 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
 
     out = tmp_path / "tail.json"
     assert bench_tail.main(["--smoke", "--output", str(out)]) == 0
-    doc = _load(out, "tail")
+    doc = smoke_result(out, "tail")
     assert [(r["shape"], r["jvm"]) for r in doc["results"]] == [
         ("single", "cold"), ("batch100", "cold"), ("single", "warm"), ("batch100", "warm")]
     for row in doc["results"]:
@@ -62,7 +54,7 @@ def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: 
 
     out = tmp_path / "repair.json"
     assert bench_repair.main(["--smoke", "--output", str(out)]) == 0
-    doc = _load(out, "repair")
+    doc = smoke_result(out, "repair")
     assert set(doc["results"]) == {"dump", "transfer compare", "checksum compare: database",
                                    "checksum compare: mirror", "checksum compare"}
     assert all(r["seconds"] > 0 and r["rows_per_s"] > 0 for r in doc["results"].values())
@@ -75,13 +67,13 @@ def test_postgres_benches_smoke(services: Endpoints, spark: SparkSession,
 
     out = tmp_path / "pg-tail.json"
     assert bench_pg_tail.main(["--smoke", "--shapes", "single", "--output", str(out)]) == 0
-    doc = _load(out, "pg-tail")
+    doc = smoke_result(out, "pg-tail")
     (row,) = doc["results"]
     for side in ("baseline", "wal2json", "dblog"):
         assert row[side]["row_events"] == 2000 and row[side]["row_events_per_s"] > 0
     out = tmp_path / "pg-capture.json"
     assert bench_pg_capture.main(["--smoke", "--output", str(out)]) == 0
-    idle, writers = _load(out, "pg-capture")["results"]
+    idle, writers = smoke_result(out, "pg-capture")["results"]
     assert (idle["variant"], writers["variant"]) == ("idle", "writers")
     assert idle["dblog"]["rows"] == 2000 and writers["dblog"]["rows"] >= 2000
     assert writers["dblog"]["writers"]["transactions"] > 0
