@@ -77,6 +77,7 @@ def warm_up(spark: Any, dialect: Any, db: str, path: Path) -> None:
 def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namespace
                   ) -> dict[str, Any]:
     """A capture of the table to the end, the way ``dblog capture`` runs it."""
+    from pipeline import capture as capture_module
     from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
     from pipeline.runtime import open_runtime
@@ -95,16 +96,20 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
             capturer = rt.capturer()
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
-            for method in ("stage_chunk", "write_table_batch", "drop_staged", "_count_emitted",
-                           "_committed_rows", "_append_changelog", "merge_mirror"):
+            for method in ("write_table_batch", "_commit_changelog", "_coverage_deletes",
+                           "merge_mirror"):
                 profile.wrap(rt.sink, method, f"sink.{method}")
             profile.wrap(rt.dialect, "write_watermark", "dialect.write_watermark")
+            profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
             tailer = rt.tailer(on_batch=record_batches(batches))
+            profile.wrap(tailer, "_await_files", "tail.await_chunk_files")
             with BackgroundTailer(tailer) as bg:
                 capturer = rt.capturer()
                 capturer.health_check = bg.check
-                profile.wrap(capturer, "_chunk", "capture.chunk (register, LW, select, "
-                             "stage, HW)")
+                profile.wrap(capturer, "_chunk", "capture.chunk (plan, register, LW, select, "
+                             "HW, pin, write)")
+                profile.wrap(capturer, "_read_plan", "capture.read_plan")
+                profile.wrap(capturer, "_write_when_pinned", "capture.wait_pin_and_write")
                 profile.wrap(capturer, "_wait", "capture.wait_for_emission")
                 reports = capturer.run(capture_id, stop=stop)
                 seconds = time.perf_counter() - began
@@ -115,6 +120,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
         finally:
             timer.cancel()
             rt.state.delete("", recursive=True)
+            profile.unwrap()
     emitted = sum(r.rows_emitted for r in reports)
     dropped = sum(r.rows_dropped for r in reports)
     return {

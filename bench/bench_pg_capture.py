@@ -54,6 +54,7 @@ def baseline(spark: Any, dialect: Any, schema: str, rows: int, path: Path) -> di
 
 
 def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
+    from pipeline import capture as capture_module
     from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
 
@@ -64,19 +65,23 @@ def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
     began = time.perf_counter()
     capture_id = rt.capturer().plan(plan_request([table], None, None))
     timer.start()
-    for method in ("stage_chunk", "write_table_batch", "_append_changelog", "merge_mirror"):
+    for method in ("write_table_batch", "_commit_changelog", "merge_mirror"):
         profile.wrap(rt.sink, method, f"sink.{method}")
+    profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
     try:
         with BackgroundTailer(rt.tailer(on_batch=record_batches(batches))) as bg:
             capturer = rt.capturer()
             capturer.health_check = bg.check
-            profile.wrap(capturer, "_chunk", "capture.chunk (register, LW, select, stage, HW)")
+            profile.wrap(capturer, "_chunk", "capture.chunk (plan, register, LW, select, HW, "
+                         "pin, write)")
+            profile.wrap(capturer, "_write_when_pinned", "capture.wait_pin_and_write")
             reports = capturer.run(capture_id, stop=stop)
             seconds = time.perf_counter() - began
             rt.wait_caught_up(bg.check, timeout=timeout)
             mirror_seconds = time.perf_counter() - began
     finally:
         timer.cancel()
+        profile.unwrap()
     rows = sum(r.rows_emitted + r.rows_dropped for r in reports)
     return {"rows": rows, "chunks": sum(r.chunks for r in reports),
             "complete": all(r.status == "done" for r in reports),

@@ -262,17 +262,22 @@ def server_id(low: int, high: int) -> int:
     return random.randint(low, high)
 
 
+_ABSENT = object()
+
+
 class Profile:
     """Wall-clock seconds spent in chosen methods of live objects (a coarse profile across
     threads: the capture loop's phases and the tailer's Delta writes)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, list[float]] = {}
-        self._wrapped: list[tuple[Any, str]] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []
 
     def wrap(self, obj: Any, name: str, label: str | None = None) -> None:
+        """Time ``obj.name``: a method of an instance, or a module's function."""
         fn = getattr(obj, name)
-        self._wrapped.append((obj, name))
+        own = vars(obj).get(name, _ABSENT)  # a module's function, or an instance attribute
+        self._wrapped.append((obj, name, own))
         key = label or name
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -285,9 +290,12 @@ class Profile:
         setattr(obj, name, timed)
 
     def unwrap(self) -> None:
-        """Take the timing wrappers off again (the objects' own methods show through)."""
-        for obj, name in reversed(self._wrapped):
-            delattr(obj, name)
+        """Take the timing wrappers off again (what was there before shows through)."""
+        for obj, name, own in reversed(self._wrapped):
+            if own is _ABSENT:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
         self._wrapped.clear()
 
     def summary(self) -> dict[str, dict[str, float]]:

@@ -1,10 +1,14 @@
-"""The chunk capture loop: register window → low watermark → select + stage → high watermark.
+"""The chunk capture loop: register window → low watermark → select → high watermark → write.
 
 A capture covers tables split into key ranges ``(lower, upper]``; each range is walked in
-primary-key order, chunk by chunk, pipelined: up to ``max_in_flight`` chunks wait for the
-tailer's emission while the next ones are selected. Progress lives in ZooKeeper and is
-advanced only by the tailer (with its log position), so a restart continues at the last
-emitted chunk. The log tailer never waits for a capture.
+primary-key order, chunk by chunk. A chunk's extent is planned first (its end key, and the
+key ranges its select reads in parallel JDBC partitions); the select, between the low and
+the high watermark, keeps the rows in Spark (a local checkpoint). At the high watermark the
+tailer pins the window (:mod:`pipeline.handoff`); the capture then writes the chunk's rows as
+the changelog's own files, once, and the tailer's commit adds them. Up to ``max_in_flight``
+chunks wait for that commit while the next ones are selected. Progress lives in ZooKeeper
+and is advanced only by the tailer (with its log position), so a restart continues at the
+last emitted chunk.
 
 Every capture ends: before a range's first chunk, an open upper bound is fixed to the table's
 greatest key, read once the tailer has a committed log position (rows inserted later reach
@@ -25,23 +29,32 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import partial, reduce
 from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.chunking import ChunkOutcome, KeyRange, chunk_outcome, next_chunk_rows
+from pipeline import handoff
+from pipeline.chunking import (
+    ChunkOutcome,
+    KeyRange,
+    chunk_outcome,
+    next_chunk_rows,
+    plan_chunk_reads,
+    planned_outcome,
+)
 from pipeline.config import CaptureConfig
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
-from pipeline.lake.sink import DeltaSink, retry_concurrent_commits
+from pipeline.handoff import chunk_path
+from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
+from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import quote_ident
 from pipeline.outage import ride_out
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import RangeProgress, StateStore, WindowState
-from pipeline.tailer import chunk_path
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,11 @@ class CaptureOptions:
     ``chunk_target_seconds``."""
     chunk_target_seconds: float = CaptureConfig.chunk_target_seconds
     max_in_flight: int = CaptureConfig.max_in_flight
+    read_partitions: int = CaptureConfig.read_partitions
+    """A chunk of ``read_partitions * read_partition_rows`` rows or more is read by this
+    many selects at once, each over its own key range (planned first)."""
+    read_partition_rows: int = CaptureConfig.read_partition_rows
+    """A chunk is split into read partitions of at least this many rows."""
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
     position_timeout_s: float = 120.0
@@ -113,7 +131,10 @@ def bounds_path(capture_id: str, range_id: str) -> str:
 
 ORDER_COLUMN = "_dblog_read_order"
 """A chunk's rows are tagged with their read order (monotonic across JDBC partitions read
-in key order) to find the last row in the database's order, not Spark's."""
+in key order) to find the last row in the database's order, not Spark's, and to number the
+rows in key order without sorting them."""
+_UNLIMITED = 2**31 - 1
+"""The ``LIMIT`` of a read partition: its planned key range bounds it."""
 
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -147,20 +168,22 @@ def first_key(frame: DataFrame, schema: TableSchema) -> Key | None:
     return None if row is None else key_from_values(schema, tuple(row))
 
 
-def count_and_last_key(tagged: DataFrame, schema: TableSchema, order_column: str
-                       ) -> tuple[int, Key | None]:
-    """The number of rows and the key of the row with the greatest ``order_column`` (the
-    last one read; ``None`` without rows), in one pass."""
-    row = tagged.agg(
+def read_summary(tagged: DataFrame, schema: TableSchema, order_column: str
+                 ) -> tuple[int, Key | None, dict[int, int]]:
+    """The number of rows, the key of the row with the greatest ``order_column`` (the last
+    one read; ``None`` without rows) and the rows of each read partition (the tag's high
+    bits), in one pass."""
+    order = F.col(_spark_ident(order_column))
+    found = tagged.groupBy(F.shiftright(order, PARTITION_SHIFT).alias("part")).agg(
         F.count(F.lit(1)).alias("rows"),
-        F.max_by(F.struct(*key_columns(schema)), F.col(_spark_ident(order_column)))
-        .alias("last"),
-    ).first()
-    assert row is not None
-    rows = int(row["rows"])
-    if not rows:
-        return 0, None
-    return rows, key_from_values(schema, tuple(row["last"]))
+        F.max_by(F.struct(*key_columns(schema)), order).alias("last"),
+        F.max(order).alias("top"),
+    ).collect()
+    counts = {int(r["part"]): int(r["rows"]) for r in found}
+    if not found:
+        return 0, None, counts
+    last = max(found, key=lambda r: int(r["top"]))["last"]
+    return sum(counts.values()), key_from_values(schema, tuple(last)), counts
 
 
 def _spark_ident(name: str) -> str:
@@ -437,7 +460,7 @@ class Capturer:
             wid, rows, last, reached_end = self._chunk(
                 capture_id, range_id, table, schema, after,
                 None if past_bound else progress.upper, keys, where, limit,
-                ends_range=ends_range or past_bound, not_final=bounded,
+                ends_range=ends_range or past_bound, not_final=bounded, stop=stop,
             )
             limit = next_chunk_rows(
                 limit, rows, time.monotonic() - began, first=first,
@@ -479,13 +502,17 @@ class Capturer:
         *,
         ends_range: bool = False,
         not_final: bool = False,
+        stop: threading.Event | None = None,
     ) -> tuple[str, int, Key | None, bool]:
-        """One DBLog chunk: register, LW, select + stage, describe, HW.
+        """One DBLog chunk: plan, register, LW, select, describe, HW, write when pinned.
 
-        Returns the window id, the rows selected, the last key read (``after`` if none) and
-        whether the chunk reached the end of ``(after, upper]``; ``not_final``: even then
-        the range goes on (an open-ended range's last chunk reads past ``upper``).
+        Returns the window id, the rows selected, the last key (where the next chunk starts:
+        the planned end, the last key read, or ``after`` if none) and whether the chunk
+        reached the end of ``(after, upper]``; ``not_final``: even then the range goes on
+        (an open-ended range's last chunk reads past ``upper``).
         """
+        filtered = keys is not None or (where is not None and bool(where.strip()))
+        bounds = None if filtered else self._read_plan(table, after, upper, limit)
         wid = uuid.uuid4().hex
         window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
         self.state.register_window(window, {
@@ -494,19 +521,29 @@ class Capturer:
         })
         self.dialect.write_watermark(window.low)
         crash_point("capture.after_lw")
-        spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys, where=where)
-        selected = self.dialect.read_chunk(self.spark, spec, schema)
+        if bounds is None:
+            spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys,
+                             where=where)
+            selected = self.dialect.read_chunk(self.spark, spec, schema)
+        else:
+            selected = reduce(DataFrame.union, [
+                self.dialect.read_chunk(self.spark, ChunkSpec(
+                    table, _UNLIMITED, after_key=lo, upper_key=upper if hi is None else hi),
+                    schema)
+                for lo, hi in zip(bounds, bounds[1:], strict=False)])
         order = ORDER_COLUMN
         while order.lower() in {c.lower() for c in selected.columns}:
             order += "_"  # never a table column's name (Spark names are case-insensitive)
         tagged = selected.withColumn(order, F.monotonically_increasing_id()).localCheckpoint(
             eager=True)
-        chunk = tagged.select(*[F.col(_spark_ident(c)) for c in selected.columns])
-        self.sink.stage_chunk(chunk, wid, table)
-        crash_point("capture.after_stage")
-        rows, read_last = count_and_last_key(tagged, schema, order)
-        outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
-        last = read_last if read_last is not None else after
+        rows, read_last, counts = read_summary(tagged, schema, order)
+        if bounds is None:
+            outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
+            last = read_last if read_last is not None else after
+        else:
+            end = bounds[-1]
+            outcome = planned_outcome(after=after, upper=upper, end=end, ends_range=ends_range)
+            last = end if end is not None else (read_last if read_last is not None else after)
         deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
             "rows": rows, "last_key": key_to_json(last),
@@ -515,10 +552,68 @@ class Capturer:
             "delete_range": None if deletes is None else {
                 "after": key_to_json(deletes[0]), "through": key_to_json(deletes[1]),
             },
+            "columns": handoff.columns_to_json(schema), "key": list(schema.key),
         }, None)
-        self.dialect.write_watermark(window.high)
-        crash_point("capture.after_hw")
+        handoff.hold(self.state, wid)
+        try:
+            crash_point("capture.after_select")
+            self.dialect.write_watermark(window.high)
+            crash_point("capture.after_hw")
+            self._write_when_pinned(wid, schema, tagged, order, read_order_offsets(counts),
+                                    rows, stop)
+        finally:
+            handoff.release(self.state, wid)
         return wid, rows, last, outcome.final
+
+    def _read_plan(self, table: TableId, after: Key | None, upper: Key | None,
+                   limit: int) -> list[Key | None] | None:
+        """The key bounds ``[after, k1, ..., end]`` of a chunk of ``limit`` rows read by
+        several selects at once, ``(after, k1], (k1, k2], ...``; ``end`` None: fewer rows
+        were left up to ``upper``, and the last select reads to it. None: one select with a
+        ``LIMIT`` (a chunk too small to split).
+
+        Planned before the low watermark, from the primary-key index (each bound reads as
+        many index entries as its part has rows). Rows inserted into a part meanwhile are
+        read with it: the chunk is ``(after, end]``, whatever it holds at its select."""
+        parts = min(self.options.read_partitions, limit // self.options.read_partition_rows)
+        if parts < 2:
+            return None
+        return plan_chunk_reads(after, upper, limit, parts,
+                                partial(self.dialect.key_after, table))
+
+    def _write_when_pinned(self, wid: str, schema: TableSchema, tagged: DataFrame,
+                           order: str, offsets: dict[int, int], rows: int,
+                           stop: threading.Event | None) -> None:
+        """Wait for the tailer's pin of the window, write the chunk's changelog files for
+        it and publish them; again for a newer pin (another tailer took over meanwhile).
+        Returns once the files are published for the latest pin, or the window is settled
+        or the capture stopped (the tailer then aborts the window: no rows are held)."""
+        deadline = time.monotonic() + self.options.emission_timeout_s
+        written: tuple[int, str] | None = None
+        while True:
+            found = self.state.get_window(wid)
+            if found is None or found.value.status != "registered":
+                return
+            pin = handoff.read_pin(self.state, wid)
+            if pin is not None and written != (pin.batch, pin.attempt):
+                files = write_chunk_files(
+                    self.spark, self.sink.layout.changelog(schema.table),
+                    source=self.sink.layout.source, table=schema.table, chunk=tagged,
+                    key=schema.key, order_column=order, offsets=offsets, selected=rows,
+                    pin=pin)
+                crash_point("capture.before_files")
+                handoff.write_files(self.state, files)
+                written = (pin.batch, pin.attempt)
+                continue  # pinned again meanwhile? (written for the newest pin only)
+            if written is not None or (stop is not None and stop.is_set()):
+                return
+            if self.health_check is not None:
+                self.health_check()
+            if time.monotonic() >= deadline:
+                raise DblogError(
+                    f"window {wid} was not pinned within {self.options.emission_timeout_s:.0f}"
+                    "s: is a tailer running for this source? (`dblog tail`)")
+            time.sleep(min(self.options.poll_seconds, 0.02))
 
     def _wait(self, window_id: str, report: RangeReport,
               stop: threading.Event | None = None) -> str:
@@ -552,15 +647,15 @@ class Capturer:
         for ws in self._range_windows(capture_id, range_id):
             if ws.status != "registered":
                 continue
-            if self.state.get(chunk_path(ws.window.window_id)) is not None:
-                # Staged and described: its high watermark may or may not be in the log.
-                # Writing it again is harmless (a closed window ignores a second one).
-                self.dialect.write_watermark(ws.window.high)
+            if handoff.read_files(self.state, ws.window.window_id) is not None:
+                # Its files were written (after its high watermark): the tailer commits
+                # them, written again for its attempt if need be.
                 waited = self._wait(ws.window.window_id,
                                     RangeReport(capture_id, range_id, ws.window.table), stop)
                 if waited == "interrupted":
                     return
             else:
+                # The selected rows were held by the run that died: select them again.
                 self._abandon(ws.window.window_id)
         self._cleanup(capture_id, range_id)
 
@@ -590,18 +685,15 @@ class Capturer:
         raise DblogError(f"could not settle window {window_id}: it keeps changing")
 
     def _cleanup(self, capture_id: str, range_id: str) -> None:
-        """Forget settled windows of this range: staged rows, chunk notes, window docs."""
-        settled: dict[TableId, list[str]] = {}
+        """Forget settled windows of this range: chunk descriptions (with their pins and
+        files) and window documents. Files a window's pins had written and no commit added
+        are left to VACUUM (it removes them once older than the table's retention)."""
         for ws in self._range_windows(capture_id, range_id):
             if ws.status == "registered":
                 continue
-            settled.setdefault(ws.window.table, []).append(ws.window.window_id)
-        for tbl, wids in settled.items():
-            # Concurrent staging appends may commit first: the delete runs again.
-            retry_concurrent_commits(partial(self.sink.drop_staged, tbl, wids), pause_s=0.2)
-            for wid in wids:
-                self.state.delete(chunk_path(wid))
-                self.state.remove_window(wid)
+            wid = ws.window.window_id
+            self.state.delete(chunk_path(wid), recursive=True)
+            self.state.remove_window(wid)
 
 
 def _outcome(after: Key | None, upper: Key | None, rows: int, limit: int, last: Key | None,

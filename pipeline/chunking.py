@@ -28,7 +28,10 @@ __all__ = [
     "key_order",
     "next_chunk_predicate",
     "next_chunk_rows",
+    "plan_chunk_reads",
     "plan_ranges",
+    "planned_outcome",
+    "split_sizes",
 ]
 
 
@@ -203,6 +206,54 @@ def chunk_outcome(
     final = not full or ends_range or (upper is not None and last == upper)
     through = last if full else upper
     return ChunkOutcome(final=final, delete_range=None if filtered else (after, through))
+
+
+def planned_outcome(
+    *, after: Key | None, upper: Key | None, end: Key | None, filtered: bool = False,
+    ends_range: bool = False,
+) -> ChunkOutcome:
+    """The outcome of a chunk whose extent was planned before its select: it reads
+    ``(after, end]`` completely, or ``(after, upper]`` when ``end`` is None (fewer rows than
+    the chunk's size were left up to ``upper`` when it was planned).
+
+    Such a chunk is read by several selects at once, one per key range; no ``LIMIT`` cuts
+    it. It is final when it reads up to the range's end (``end`` None or equal to
+    ``upper``) or when the caller says it ``ends_range``."""
+    if end is not None:
+        _check_key(end, "a chunk's planned end")
+    final = end is None or ends_range or (upper is not None and end == upper)
+    through = upper if end is None else end
+    return ChunkOutcome(final=final, delete_range=None if filtered else (after, through))
+
+
+def split_sizes(rows: int, parts: int) -> list[int]:
+    """``rows`` spread over ``parts`` read partitions as evenly as whole rows allow
+    (the first ones one larger), none empty; fewer parts for fewer rows."""
+    if rows <= 0 or parts <= 0:
+        raise ValueError(f"cannot split {rows} rows into {parts} parts")
+    parts = min(parts, rows)
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def plan_chunk_reads(
+    after: Key | None, upper: Key | None, rows: int, parts: int,
+    key_after: Callable[[Key | None, int, Key | None], Key | None],
+) -> list[Key | None]:
+    """The bounds ``[after, k1, ..., end]`` of a chunk of ``rows`` rows above ``after``
+    read by ``parts`` selects at once, over ``(after, k1], (k1, k2], ...``.
+
+    ``key_after(lower, offset, upper)`` is the key at 0-based ``offset`` above ``lower``
+    and at or below ``upper`` (None if there is none), in the database's order. The plan
+    stops early when a bound reaches ``upper``, or finds none: then fewer rows were left,
+    and the last select reads up to ``upper`` (``end`` is None)."""
+    bounds: list[Key | None] = [after]
+    for size in split_sizes(rows, parts):
+        bound = key_after(bounds[-1], size - 1, upper)
+        bounds.append(bound)
+        if bound is None or bound == upper:
+            break
+    return bounds
 
 
 MOST_GROWTH = 8.0

@@ -89,6 +89,10 @@ class CaptureConfig:
     chunk_target_seconds: float = 15.0
     max_in_flight: int = 4
     range_rows: int = 100000
+    read_partitions: int = 4
+    """A large chunk is read by this many selects at once, each over its own key range."""
+    read_partition_rows: int = 50_000
+    """...each of at least this many rows (smaller chunks are read by fewer selects)."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                 "capture.max_in_flight"),
         range_rows=_positive(capture_data.get("range_rows", default.range_rows),
                              "capture.range_rows"),
+        read_partitions=_positive(capture_data.get("read_partitions", default.read_partitions),
+                                  "capture.read_partitions"),
+        read_partition_rows=_positive(
+            capture_data.get("read_partition_rows", default.read_partition_rows),
+            "capture.read_partition_rows"),
     )
     raw_tables = data.get("tables")
     if not isinstance(raw_tables, list) or not raw_tables:

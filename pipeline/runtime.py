@@ -109,6 +109,7 @@ class Runtime:
         options = CaptureOptions(
             chunk_size=cap.chunk_size, max_in_flight=cap.max_in_flight,
             chunk_max_rows=cap.chunk_max_rows, chunk_target_seconds=cap.chunk_target_seconds,
+            read_partitions=cap.read_partitions, read_partition_rows=cap.read_partition_rows,
             chunk_sizes={t.table: t.chunk_size for t in self.config.tables},
         )
         return Capturer(dialect=self.dialect, state=self.state, sink=self.sink,

@@ -501,6 +501,23 @@ class StateStore:
             except NoNodeError:
                 return []
 
+    def hold(self, path: str) -> None:
+        """Create ``path`` as an ephemeral znode of this session (its parent must exist):
+        it says this process is alive and holds something, and disappears with the
+        session (a crash, a kill, a lost connection past the session timeout)."""
+        with _zk_errors(f"hold {path}"):
+            try:
+                self._zk.create(self._abs(path), b"", ephemeral=True)
+            except NodeExistsError:
+                raise StateConflict(f"{path} is held already") from None
+            except NoNodeError:
+                raise StateConflict(f"the parent of {path} does not exist") from None
+
+    def exists(self, path: str) -> bool:
+        """Whether the znode ``path`` exists (a held ephemeral one, or a document)."""
+        with _zk_errors(f"exists {path}"):
+            return self._retry.copy()(self._zk.exists, self._abs(path)) is not None
+
     # ---- log position and batch intent -------------------------------------------------
 
     def get_position(self) -> Versioned[PositionState] | None:

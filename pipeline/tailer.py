@@ -11,7 +11,10 @@ Crash safety:
   (keys are recorded, nothing is written) so open windows keep every key they saw;
 * a chunk is emitted only if it continues its range's progress exactly (its lower bound is
   the last emitted key); otherwise it is aborted and the capture re-selects it, so no chunk is
-  ever emitted twice and progress never skips rows.
+  ever emitted twice and progress never skips rows;
+* at a chunk's high watermark the tailer pins the window and waits for the capture to write
+  the chunk's changelog files (:mod:`pipeline.handoff`): the reader decodes on meanwhile, and
+  a capture that died holding the rows gets its window aborted.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline import handoff
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.chunking import KeyRange
-from pipeline.errors import LeadershipLost, SourceError, StateConflict
+from pipeline.errors import DblogError, LeadershipLost, SourceError, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
+from pipeline.handoff import ChunkFiles, ChunkPin, chunk_path
 from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
 from pipeline.mirror import MirrorMerger
 from pipeline.prefetch import PrefetchingReader
@@ -63,8 +68,6 @@ from pipeline.window import (
 
 log = logging.getLogger(__name__)
 
-CHUNKS = "chunks"
-"""ZooKeeper folder where a capture describes each staged chunk before its high watermark."""
 EXPIRY_CHECK_S = 30.0
 """How often the tailer looks for expired windows (besides once at each start)."""
 QUIET_S = 5.0
@@ -107,6 +110,9 @@ class TailOptions:
     when a run ends (0: after every batch)."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
+    chunk_files_timeout_s: float = 300.0
+    """How long the tailer waits, at a chunk's high watermark, for a live capture to write
+    the chunk's changelog files before it aborts the window (the capture re-selects it)."""
 
 
 @dataclass
@@ -139,8 +145,8 @@ class TailSummary:
     position: Position | None = None
 
 
-def chunk_path(window_id: str) -> str:
-    return f"{CHUNKS}/{window_id}"
+class _StopRequested(Exception):  # noqa: N818 - control flow, not an error
+    """The run was asked to stop while it waited at a high watermark."""
 
 
 @dataclass
@@ -156,6 +162,9 @@ class _Pending:
     end_position: Position | None = None
     commit_ts_ms: int | None = None
     opened: float = field(default_factory=time.monotonic)
+    attempt: str = field(default_factory=lambda: WriteAttempt().id)
+    """The write attempt that will commit this batch: chosen first, since a chunk's files
+    are written for it (tagged with it) before the batch is recorded."""
 
     def table(self, table: TableId) -> TableBatch:
         if table not in self.tables:
@@ -209,6 +218,7 @@ class Tailer:
         self._mirror_doc_lsn: int | None = None
         """The position the ``mirror`` document in ZooKeeper last recorded."""
         self._merger: MirrorMerger | None = None
+        self._stop = threading.Event()
 
     # ---- public -----------------------------------------------------------------------
 
@@ -310,6 +320,7 @@ class Tailer:
     def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None,
              reset_to_head: bool) -> TailSummary:
         summary = TailSummary()
+        self._stop = stop
         # A run starts from ZooKeeper alone: a tailer object that lost the lock and won it
         # back (standby) must not trust windows or range versions it held before.
         self._proc = WindowProcessor()
@@ -433,6 +444,10 @@ class Tailer:
                         self._expire_windows(docs)
                     if cut is None and (self._mirror_due() or not self._proc.open_windows):
                         self._request_merge(committed.value)
+            return self._finish(summary, committed.value)
+        except _StopRequested:
+            # Asked to stop at a high watermark: the pending batch is left unwritten (and
+            # unrecorded); the next run reads it again from the committed position.
             return self._finish(summary, committed.value)
         finally:
             reader.close()
@@ -675,13 +690,14 @@ class Tailer:
         pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=reason)
 
     def _accept_emission(self, em: ChunkEmission, pending: _Pending) -> None:
-        """Emit the chunk only if it continues its range exactly; else abort it."""
+        """Emit the chunk only if it continues its range exactly and its capture writes its
+        files for this batch (:meth:`_hand_off`); else abort it."""
         wid = em.window.window_id
         doc = self._window_docs.get(wid)
         chunk = self.state.get(chunk_path(wid))
         reason = None
         if doc is None or chunk is None:
-            reason = "the chunk was never staged"
+            reason = "the chunk was never described by its capture"
         else:
             cid, rid = doc.extra.get("capture_id"), doc.extra.get("range_id")
             progress = self._range(str(cid), str(rid)) if cid and rid else None
@@ -691,13 +707,24 @@ class Tailer:
                 doc.extra.get("after_key")
             ):
                 reason = "out of order: the chunk before it was not emitted"
+            elif (self._replay_outcomes or {}).get(wid) == "aborted":
+                reason = "aborted when this batch was first written"
+        files = None
+        if reason is None:
+            assert chunk is not None
+            found = self._hand_off(em, chunk.value, pending)
+            if isinstance(found, str):
+                reason = found
+            else:
+                files = found
         if reason is not None:
             self._abort(wid, reason, pending)
             return
-        assert doc is not None and chunk is not None
+        assert doc is not None and chunk is not None and files is not None
         self._settled.add(wid)
         batch = pending.table(em.window.table)
         batch.emissions.append(em)
+        batch.chunks[wid] = files
         covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
         if covered is not None:
             batch.coverage[wid] = covered
@@ -717,6 +744,70 @@ class Tailer:
         pending.window_updates[wid] = WindowUpdate(
             wid, "emitted", extra={"rows_selected": rows_selected, "position": em.position.lsn}
         )
+
+    def _hand_off(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending
+                  ) -> ChunkFiles | str:
+        """Pin the window for this batch and wait for its capture's files; the files, or
+        why the window must be aborted.
+
+        The lake first gets every column of the chunk, so that the capture can write its
+        rows in the lake's schema. The reader decodes on while this waits. Files written for
+        an earlier attempt (this tailer's predecessor died before its commit) do as well:
+        the commit writes their rows again with this attempt's tags."""
+        wid = em.window.window_id
+        table = em.window.table
+        columns = handoff.columns_from_json(table, chunk.get("key") or (), chunk.get("columns"))
+        if columns is not None:
+            self.sink.ensure_schema(columns)
+        elif not self.sink.known_columns(table):
+            self.sink.ensure_schema(self.dialect.table_schema(table))
+        pin = ChunkPin(wid, self._batch_no(), pending.attempt, em.position.lsn,
+                       em.position.seq, em.commit_ts_ms, tuple(em.dropped_keys))
+        self.state.check_leader()
+        handoff.write_pin(self.state, pin)
+        crash_point("tail.after_pin")
+        found = self._await_files(pin)
+        if isinstance(found, str) and (self._replay_outcomes or {}).get(wid) == "emitted":
+            raise DblogError(
+                f"batch {pin.batch} was written with window {wid} emitted, but its chunk "
+                f"cannot be had again ({found}); run `dblog tail --from-head` and a capture "
+                "of the table to start over")
+        return found
+
+    def _await_files(self, pin: ChunkPin) -> ChunkFiles | str:
+        """The capture's files for ``pin`` (or an earlier pin's, once no capture holds the
+        rows any more); else why the window must be aborted."""
+        wid = pin.window_id
+        deadline = time.monotonic() + self.options.chunk_files_timeout_s
+        pause = 0.005
+        while True:
+            files = handoff.read_files(self.state, wid)
+            if files is not None and files.for_pin(pin):
+                return files
+            if not handoff.is_held(self.state, wid):
+                # Published just before the holder went away?
+                files = handoff.read_files(self.state, wid)
+                if files is not None:
+                    return files
+                return ("the capture holding the chunk's rows ended before writing them; "
+                        "it selects the chunk again when resumed")
+            window = self.state.get_window(wid)
+            if window is None or window.value.status == "aborted":
+                return "its capture aborted it"
+            if time.monotonic() >= deadline:
+                return (f"its capture did not write the chunk within "
+                        f"{self.options.chunk_files_timeout_s:g}s")
+            if self._stop.is_set():
+                raise _StopRequested()
+            self.state.check_leader()
+            time.sleep(pause)
+            pause = min(0.05, pause * 2)
+
+    def _batch_no(self) -> int:
+        """The number of the batch being built (the committed one's next)."""
+        found = self.state.get_position()
+        assert found is not None
+        return found.value.batch + 1
 
     def _coverage(self, table: TableId, delete_range: Any) -> KeyRange | None:
         """The key range whose mirror rows the chunk proves gone when it did not return them
@@ -739,7 +830,7 @@ class Tailer:
         assert pending.end is not None
         outcomes = {w: u.status for w, u in pending.window_updates.items()
                     if u.status != "registered"}
-        attempt = WriteAttempt()
+        attempt = WriteAttempt(pending.attempt)
         found = self.state.get_batch_intent()
         if found is None:
             intent = BatchIntent(batch_no, dict(pending.start), dict(pending.end),

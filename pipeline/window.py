@@ -54,10 +54,12 @@ __all__ = [
 class ChunkEmission:
     """Emit ``window``'s chunk minus ``dropped_keys`` as READ events at ``position``.
 
-    ``position`` is the high watermark's; chunk row ``i`` (in key order) gets
-    ``Position(position.lsn, position.seq + 1 + i)``. This assumes no other log
-    event shares the HW's lsn with a higher seq, true when the watermark write
-    is its own transaction/rows event.
+    ``position`` is the high watermark's; chunk row ``i`` (in key order, the
+    dropped keys counted) gets ``Position(position.lsn, position.seq + 1 + i)``:
+    a dropped key leaves its number unused, so a chunk's rows are numbered before
+    the window's keys are known. This assumes no other log event shares the HW's
+    lsn with a higher seq, true when the watermark write is its own
+    transaction/rows event.
     """
 
     window: Window
@@ -175,26 +177,24 @@ class WindowProcessor:
 def materialize(
     emission: ChunkEmission, chunk_rows: Sequence[tuple[Key, Row]]
 ) -> list[ChangeEvent]:
-    """The READ events of ``emission`` for its staged chunk ``chunk_rows``.
+    """The READ events of ``emission`` for its selected chunk ``chunk_rows``.
 
-    Rows whose key is in ``emission.dropped_keys`` are skipped; the rest are
-    sorted by :func:`~pipeline.chunking.key_order` (a total order where a
+    Rows are sorted by :func:`~pipeline.chunking.key_order` (a total order where a
     ``None`` component sorts first and is never compared with a value) and
-    numbered from ``emission.position.seq + 1``. Keys must be normalized the
+    numbered from ``emission.position.seq + 1``; rows whose key is in
+    ``emission.dropped_keys`` are then left out (their numbers stay unused, as
+    the capture numbers its rows before the window closes). Keys must be normalized the
     same way by the log decoder and the chunk reader (equal and equal-hashing).
     Reference semantics for the Spark sink; raises ``ValueError`` on a
     duplicate key.
     """
-    kept: dict[Key, Row] = {}
-    keys: set[Key] = set()
+    rows: dict[Key, Row] = {}
     for key, row in chunk_rows:
-        if key in keys:
+        if key in rows:
             raise ValueError(
                 f"duplicate key in chunk of window {emission.window.window_id}: {key!r}"
             )
-        keys.add(key)
-        if key not in emission.dropped_keys:
-            kept[key] = row
+        rows[key] = row
     window = emission.window
     base = emission.position
     return [
@@ -203,9 +203,10 @@ def materialize(
             op=Op.READ,
             key=key,
             position=Position(base.lsn, base.seq + 1 + i),
-            after=kept[key],
+            after=rows[key],
             commit_ts_ms=emission.commit_ts_ms,
             window_id=window.window_id,
         )
-        for i, key in enumerate(sorted(kept, key=key_order))
+        for i, key in enumerate(sorted(rows, key=key_order))
+        if key not in emission.dropped_keys
     ]

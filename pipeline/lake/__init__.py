@@ -1,4 +1,4 @@
-"""Delta Lake output: changelog (append-only, ordered), mirror (one row per key), staging."""
+"""Delta Lake output: changelog (append-only, ordered) and mirror (one row per key)."""
 
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.sink import BatchResult, DeltaSink, EmissionResult

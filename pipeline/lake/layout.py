@@ -74,5 +74,3 @@ class LakeLayout:
     def mirror(self, table: TableId) -> str:
         return f"{self.table_dir(table)}/mirror"
 
-    def staging(self, table: TableId) -> str:
-        return f"{self.table_dir(table)}/_staging"

@@ -1,23 +1,24 @@
 """Writes the tailer's ordered micro-batches into Delta: changelog append + mirror MERGE.
 
 The log tailer is the only writer of ``changelog`` and ``mirror``. Each micro-batch is one
-plain append per table, its rows tagged with the write attempt (``_dblog_attempt``); a batch
+commit per table, its rows tagged with the write attempt (``_dblog_attempt``); a batch
 replayed after a crash or a takeover first fences off the earlier attempts at it (a CHECK
 constraint that refuses their rows) and is skipped where one of them landed
 (:meth:`DeltaSink.write_table_batch`). The mirror's MERGE carries Delta's idempotent-write
 markers (``txnAppId`` = the source, ``txnVersion`` = the batch). Chunk rows never pass
-through Python: an emission reads the staged chunk, drops the
-window's seen keys with an anti-join and numbers the rest after the high watermark.
+through Python, and are written once: the capture that selected them writes them as the
+changelog's files for the tailer's pin (:mod:`pipeline.lake.chunks`), and the batch's commit
+adds those files as they are.
 
 Changelog ``op`` values: ``c``/``u``/``d`` (log events), ``r`` (chunk rows at the high
 watermark), ``d`` with a ``_dblog_window_id`` (a mirror row a complete chunk read proved gone,
 at the high watermark, numbered with the chunk's ``r`` rows in key order) and ``t`` (TRUNCATE
-or DROP: every row of the table before this position is gone).
+or DROP: every row of the table before this position is gone). A capture's ``d`` rows are
+numbered after every row its chunk selected.
 
 Readers: new tables use no Delta feature delta-rs refuses; type widening is enabled on a
 table only when one of its columns widens (such a table needs a reader that supports it).
-The writer's idempotent-DML settings live in its own session, set only around its MERGE;
-staging (called from capture threads) uses another session.
+The writer's idempotent-DML settings live in its own session, set only around its MERGE.
 """
 
 from __future__ import annotations
@@ -45,8 +46,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
+from pipeline.handoff import ChunkFiles
+from pipeline.lake.chunks import keys_frame
+from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
+    ATTEMPT_COLUMN,
+    WINDOW_COLUMN,
     coerce,
     column_of,
     contains_type,
@@ -59,9 +65,8 @@ from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
 
 META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
-WINDOW_COLUMN = "_dblog_window_id"
 RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
-"""The lake's own columns beside a table's columns: the mirror's position, staging's window.
+"""The lake's own columns beside a table's columns: the mirror's position, a chunk row's window.
 A source column may not take one of these names (in any case: Spark compares names without
 it)."""
 TABLE_PROPERTIES = {
@@ -69,14 +74,14 @@ TABLE_PROPERTIES = {
     "delta.appendOnly": "false",
     "delta.checkpointInterval": "100",
 }
-"""Properties of every new changelog and mirror (and staging). Nothing a non-Spark reader
+"""Properties of every new changelog and mirror. Nothing a non-Spark reader
 (delta-rs) refuses: type widening is enabled on a table only when one of its columns
 widens, column mapping only where a name needs it. A checkpoint every 100 commits, not
 Delta's 10: the commit that writes one waits for it (1-1.5 s), which on a tailer's
 1k-row appends was a third of their mean time (0.33 -> 0.23 s), while reads, which replay
 the commits after the checkpoint, did not slow (0.58 -> 0.51 s)."""
 NO_CHANGE_FEED = {"delta.enableChangeDataFeed": "false"}
-"""For the mirror and staging: the changelog is the change feed. With Delta's feed on, each
+"""For the mirror: the changelog is the change feed. With Delta's feed on, each
 mirror MERGE also wrote a pre- and a post-image of every row it updated or deleted (20-35%
 of an update-heavy MERGE). Explicit, since the session's default turns the feed on."""
 TYPE_WIDENING = {"delta.enableTypeWidening": "true"}
@@ -103,12 +108,6 @@ CHANGELOG_STATS = {
 (Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
 ``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
 has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
-STAGING_STATS = {"delta.dataSkippingNumIndexedCols": "0"}
-"""Statistics of a new staging table: none (it is partitioned by window, by which an
-emission reads its chunk); statistics on a chunk's columns would only cost the capture
-time."""
-ATTEMPT_COLUMN = "_dblog_attempt"
-"""Changelog column: the write attempt that appended the row (see :class:`WriteAttempt`)."""
 _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 _FENCE_PREFIX = "dblog_fence_"
 MIRROR_LSN = "dblog.mirror_lsn"
@@ -188,8 +187,11 @@ class BatchResult:
 class TableBatch:
     """One table's share of a micro-batch, in log order.
 
+    ``chunks``: window id -> the changelog files its capture wrote for the emission (see
+    :mod:`pipeline.handoff`); every emission has them.
+
     ``coverage``: window id -> the key range ``(lower, upper]`` its chunk select read
-    completely (``None`` = open side). Mirror keys in that range that the staged chunk lacks
+    completely (``None`` = open side). Mirror keys in that range that the chunk lacks
     and the window did not see change no longer exist in the source: they are written as
     ``d`` rows at the high watermark and deleted from the mirror. An emission without
     coverage deletes nothing.
@@ -203,6 +205,7 @@ class TableBatch:
     table: TableId
     events: list[ChangeEvent] = field(default_factory=list)
     emissions: list[ChunkEmission] = field(default_factory=list)
+    chunks: dict[str, ChunkFiles] = field(default_factory=dict)
     coverage: dict[str, KeyRange] = field(default_factory=dict)
     truncates: list[Position] = field(default_factory=list)
 
@@ -357,15 +360,12 @@ def _newer(s: str, t: str) -> str:
 
 
 class DeltaSink:
-    """Delta writer for one source's tables (changelog, mirror, staging)."""
+    """Delta writer for one source's tables (changelog, mirror)."""
 
     def __init__(self, spark: SparkSession, layout: LakeLayout) -> None:
-        # Two sessions with their own SQL conf: the ordered writer sets Delta's idempotent-DML
-        # markers (session settings) around its MERGE; staging work, called from capture
-        # threads at any moment, must never see them (its DELETE would be skipped as
-        # "already executed" or carry the writer's commit metadata).
+        # Sessions with their own SQL conf: the mirror's MERGE sets Delta's idempotent-DML
+        # markers (session settings), which nothing else may see.
         self.spark = spark.newSession()
-        self._staging_spark = spark.newSession()
         # The mirror merges in a thread of its own (pipeline.mirror), with its own session
         # for its idempotent-DML settings; the lock keeps ALTERs and compactions of the
         # mirror away from a running MERGE.
@@ -386,9 +386,6 @@ class DeltaSink:
         off what they covered: the changelog is read again only after a restart."""
         self._truncates_lock = threading.Lock()
         """The tailer adds to :attr:`_unmerged_truncates` while the mirror merger trims it."""
-        self._changelog_version: dict[TableId, int] = {}
-        """Per table: the changelog version of this sink's last append (a lower bound on
-        the latest: only this sink appends, but maintenance may commit too)."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -569,39 +566,6 @@ class DeltaSink:
         self.known_columns(table)
         return self._keys[table]
 
-    # ---- staging (written by captures) -------------------------------------------------
-
-    def stage_chunk(self, df: DataFrame, window_id: str, table: TableId) -> None:
-        """Append a selected chunk to the table's staging area under ``window_id``.
-
-        Safe to call from a capture thread while the tailer writes: staging uses a session of
-        its own (``df`` is written through its own session, which must not be ``self.spark``).
-        """
-        staged = df.select(F.lit(window_id).alias(WINDOW_COLUMN),
-                           *[F.col(quote_ident(c)) for c in df.columns])
-        path = self.layout.staging(table)
-        if not self._exists(path, self._staging_spark):
-            # Staging is read by Spark only: type widening lets a chunk selected after a
-            # MODIFY COLUMN append with mergeSchema. Partitioned by window: an emission
-            # reads only its window's files, and a settled window's rows go with a commit
-            # that removes its files (no scan, no rewrite). A staging table made before
-            # that (unpartitioned) keeps working; its windows are found by statistics.
-            props = {**table_properties(df.columns), **TYPE_WIDENING, **STAGING_STATS,
-                     **NO_CHANGE_FEED}
-            self._create_table(path, staged.schema, props, self._staging_spark,
-                               partitioned_by=(WINDOW_COLUMN,))
-        staged.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
-
-    def drop_staged(self, table: TableId, window_ids: Sequence[str]) -> None:
-        """Forget staged rows of windows that were emitted or aborted."""
-        if not window_ids or not self._exists(self.layout.staging(table), self._staging_spark):
-            return
-        from delta.tables import DeltaTable
-
-        DeltaTable.forPath(self._staging_spark, self.layout.staging(table)).delete(
-            F.col(WINDOW_COLUMN).isin(list(window_ids))
-        )
-
     # ---- maintenance (by the one writer: the tailer, or `dblog maintain` in its place) --
 
     def _file_count(self, path: str) -> int:
@@ -611,12 +575,12 @@ class DeltaSink:
         return int(row[0]) if row is not None else 0
 
     def maintain(self, table: TableId, *, vacuum: bool = False) -> MaintenanceReport:
-        """Compact the changelog's and the mirror's small files (one per batch otherwise)
-        and vacuum staging; with ``vacuum`` also the changelog and mirror (Delta's default
-        retention, 7 days: time travel within it stays possible).
+        """Compact the changelog's and the mirror's small files (one per batch otherwise);
+        with ``vacuum`` also vacuum them (Delta's default retention, 7 days: time travel
+        within it stays possible, and a capture's chunk files, written before the commit
+        that adds them, are never that old).
 
-        Only the ordered writer may call it (it rewrites files a MERGE would read); staging
-        may be written meanwhile (a vacuum commits nothing)."""
+        Only the ordered writer may call it (it rewrites files a MERGE would read)."""
         with self.mirror_lock:
             return self._compact(table, vacuum)
 
@@ -633,9 +597,6 @@ class DeltaSink:
             report.files[name] = (before, self._file_count(path))
             if vacuum:
                 DeltaTable.forPath(self.spark, path).vacuum()
-        staging = self.layout.staging(table)
-        if self._exists(staging, self._staging_spark):
-            DeltaTable.forPath(self._staging_spark, staging).vacuum()
         return report
 
     # ---- the ordered micro-batch -------------------------------------------------------
@@ -692,137 +653,69 @@ class DeltaSink:
         table = pa.Table.from_arrays(arrays, schema=arrow_schema)
         return self.spark.createDataFrame(table, schema)
 
-    def _keys_df(self, keys: Sequence[Key], key: tuple[str, ...],
-                 types: Mapping[str, T.DataType]) -> DataFrame:
-        schema = T.StructType([T.StructField(k, types[k]) for k in key])
-        values = [tuple(coerce(v, types[k]) for v, k in zip(kv, key, strict=True))
-                  for kv in keys]
-        return self.spark.createDataFrame(values, schema, verifySchema=False)
+    def _coverage_deletes(
+        self, tb: TableBatch, em: ChunkEmission, files: ChunkFiles, columns: list[Column],
+        key: tuple[str, ...], batch: int, attempt: str,
+    ) -> DataFrame | None:
+        """The ``d`` rows of an emission with coverage: mirror keys in the range its chunk
+        read completely that the chunk lacks, at the high watermark, numbered in key order
+        after every row the chunk selected. None when there can be none: no coverage, a
+        truncate before it, or a mirror without a row in the range (a capture into keys
+        the mirror lacks).
 
-    def _emission_df(
-        self,
-        em: ChunkEmission,
-        columns: list[Column],
-        key: tuple[str, ...],
-        batch: int,
-        attempt: str,
-        *,
-        coverage: KeyRange | None = None,
-        changed_before: Sequence[Key] = (),
-    ) -> tuple[DataFrame, bool]:
-        """The chunk's ``r`` rows and, with ``coverage``, the ``d`` rows of mirror keys in
-        that range the chunk lacks, numbered together in key order after the high watermark;
-        and whether the rows can only be ``r`` rows (no coverage, or a mirror without a row
-        in it).
-
-        ``changed_before``: keys this batch's log events change before the high watermark
-        (the mirror row is stale for them; a log ``d`` already says when one went away).
-        Keys deleted by changelog rows the mirror has not merged yet are left out too.
-        """
-        table = em.window.table
+        Keys the window dropped, keys this batch's log events change before the high
+        watermark (the mirror row is stale for them; a log ``d`` already says when one went
+        away) and keys deleted by changelog rows the mirror has not merged yet still exist
+        or are gone already: they are left out."""
+        table = tb.table
+        coverage = tb.coverage.get(em.window.window_id)
+        if coverage is None or any(t < em.position for t in tb.truncates) \
+                or self._truncated_unmerged(table):
+            return None  # (after a truncate the mirror rows before it are gone already)
         types = {c.name: spark_type(c.spark_type) for c in columns}
+        in_range = key_range_predicate(key, coverage, [types[k] for k in key])
+        # Read before the mirror: a merge running meanwhile can only make this set larger
+        # than needed.
+        unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
+                    .select(*[_key_value(k) for k in key]).where(in_range))
+        in_mirror = self.spark.read.format("delta").load(self.layout.mirror(table)) \
+            .where(in_range)
+        # A mirror without a row in the range loses none. The same as computing the deletes
+        # at this moment (read after the unmerged rows' bound, like them): a merge that
+        # lands in between only adds rows of keys the chunk holds, was told of (dropped,
+        # changed) or saw deleted.
+        if not in_mirror.limit(1).count():
+            return None
+        chunk_keys = files_dataframe(self.spark, self.layout.changelog(table), files.actions) \
+            .select(*[F.col("after").getField(k).alias(k) for k in key])
+        gone = in_mirror.join(chunk_keys, on=list(key), how="left_anti")
+        gone = gone.join(unmerged, on=list(key), how="left_anti")
+        kept = set(em.dropped_keys) | {
+            ev.key for ev in tb.events
+            if ev.position < em.position and _maybe_in(coverage, ev.key)}
+        if kept:
+            gone = gone.join(keys_frame(self.spark, list(kept), key, types),
+                             on=list(key), how="left_anti")
         row_type = struct_of(columns)
-        staged_all = self.spark.read.format("delta").load(self.layout.staging(table))
-        staged_all = staged_all.where(F.col(WINDOW_COLUMN) == em.window.window_id)
-        staged = staged_all
-        if em.dropped_keys:
-            staged = staged.join(self._keys_df(list(em.dropped_keys), key, types),
-                                 on=list(key), how="left_anti")
-        order_cols = [f"_dblog_k{i}" for i in range(len(key))]
-
-        def row_of(df: DataFrame) -> SparkColumn:
-            present = set(df.columns)
-            return F.struct(*[
-                (F.col(quote_ident(c.name)) if c.name in present else F.lit(None))
-                .cast(types[c.name]).alias(c.name)
-                for c in columns
-            ])
-
-        def ordered(df: DataFrame) -> list[SparkColumn]:
-            return [F.col(quote_ident(k)).cast(types[k]).alias(o)
-                    for k, o in zip(key, order_cols, strict=True)]
-
-        reads_only = True
-        body = staged.select(
-            *ordered(staged),
-            F.lit(Op.READ.value).alias("op"),
-            F.lit(None).cast(row_type).alias("before"),
-            row_of(staged).alias("after"),
-        )
-        if coverage is not None:
-            in_range = key_range_predicate(key, coverage, [types[k] for k in key])
-            # A key whose delete the mirror has not merged yet is gone already (a key
-            # changed otherwise still exists, so the chunk has it unless the source lost
-            # it without a log event: then the delete is due). Read before the mirror: a
-            # merge running meanwhile can only make this set larger than needed.
-            unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
-                        .select(*[_key_value(k) for k in key]).where(in_range))
-            mirror = self.spark.read.format("delta").load(self.layout.mirror(table))
-            in_mirror = mirror.where(in_range)
-            # A mirror without a row in the range (a capture into new keys) can lose none:
-            # the chunk's rows alone then, without reading the chunk twice and joining. The
-            # same as computing the deletes at this moment (read after the unmerged rows'
-            # bound, like them): a merge that lands in between only adds rows of keys the
-            # chunk holds, was told of (dropped, changed) or saw deleted.
-            if in_mirror.limit(1).count():
-                reads_only = False
-                gone = in_mirror.join(staged_all.select(*[F.col(quote_ident(k)) for k in key]),
-                                      on=list(key), how="left_anti")
-                gone = gone.join(unmerged, on=list(key), how="left_anti")
-                kept = set(em.dropped_keys) | set(changed_before)
-                if kept:
-                    gone = gone.join(self._keys_df(list(kept), key, types),
-                                     on=list(key), how="left_anti")
-                body = body.unionByName(gone.select(
-                    *ordered(gone),
-                    F.lit(Op.DELETE.value).alias("op"),
-                    row_of(gone).alias("before"),
-                    F.lit(None).cast(row_type).alias("after"),
-                ))
-        order = Window.orderBy(*[F.col(o) for o in order_cols])
-        commit_ts = _ts(em.commit_ts_ms)
-        rows = body.select(
-            F.col("op"),
-            F.col("before"),
-            F.col("after"),
+        order = Window.orderBy(*[F.col(quote_ident(k)) for k in key])
+        return gone.select(
+            F.lit(Op.DELETE.value).alias("op"),
+            F.struct(*[F.col(quote_ident(c.name)).cast(types[c.name]).alias(c.name)
+                       for c in columns]).alias("before"),
+            F.lit(None).cast(row_type).alias("after"),
             F.struct(
                 F.lit(self.layout.source).alias("name"),
                 F.lit(table.database).alias("database"),
                 F.lit(table.table).alias("table"),
-                F.lit(commit_ts).cast(T.TimestampType()).alias("commit_ts"),
+                F.lit(_ts(em.commit_ts_ms)).cast(T.TimestampType()).alias("commit_ts"),
             ).alias("source"),
             F.lit(em.position.lsn).cast(T.LongType()).alias("_dblog_lsn"),
-            (F.lit(em.position.seq) + F.row_number().over(order)).cast(T.LongType())
-            .alias("_dblog_seq"),
+            (F.lit(em.position.seq + files.selected) + F.row_number().over(order))
+            .cast(T.LongType()).alias("_dblog_seq"),
             F.lit(em.window.window_id).alias(WINDOW_COLUMN),
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
             F.lit(attempt).alias(ATTEMPT_COLUMN),
-        )
-        return rows, reads_only
-
-    def _emissions(
-        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
-        attempt: str,
-    ) -> tuple[list[DataFrame], set[str]]:
-        """Each emission's changelog rows, and the windows whose rows can only be ``r``."""
-        out = []
-        reads_only: set[str] = set()
-        for em in tb.emissions:
-            coverage = tb.coverage.get(em.window.window_id)
-            if coverage is not None and (any(t < em.position for t in tb.truncates)
-                                         or self._truncated_unmerged(tb.table)):
-                coverage = None  # the mirror rows before the truncate are gone already
-            changed = (
-                list({ev.key for ev in tb.events
-                      if ev.position < em.position and _maybe_in(coverage, ev.key)})
-                if coverage is not None else []
-            )
-            rows, only_reads = self._emission_df(em, columns, key, batch, attempt,
-                                                 coverage=coverage, changed_before=changed)
-            out.append(rows)
-            if only_reads:
-                reads_only.add(em.window.window_id)
-        return out, reads_only
+        ).coalesce(1)
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""
@@ -860,7 +753,7 @@ class DeltaSink:
         attempt: WriteAttempt | None = None, app_id: str | None = None,
         merge_mirror: bool = True,
     ) -> tuple[int, list[EmissionResult]]:
-        """Append one table's share of batch ``batch`` to the changelog and, with
+        """Commit one table's share of batch ``batch`` to the changelog and, with
         ``merge_mirror``, merge every changelog row the mirror lacks into it.
 
         ``attempt`` tags the rows (a fresh one without it). A replay (``attempt.earlier``)
@@ -869,16 +762,18 @@ class DeltaSink:
         content is fixed by the batch intent) and gives the emission counts. ``app_id``
         names the line of batches (commit metadata; the mirror MERGE's ``txnAppId``).
         Without ``merge_mirror`` the mirror follows later (:meth:`merge_mirror`), several
-        batches at once.
+        batches at once. Every emission needs its chunk's files in ``tb.chunks``.
 
-        Returns the number of log events written and each emission's row count.
+        Returns the number of log events written and each emission's row counts.
         """
         table = tb.table
         attempt = attempt or WriteAttempt()
         if not (tb.events or tb.truncates or tb.emissions):
             return 0, []
-        if tb.emissions:
-            self._absorb_staging_columns(table)
+        missing = [em.window.window_id for em in tb.emissions
+                   if em.window.window_id not in tb.chunks]
+        if missing:
+            raise DblogError(f"{table}: emissions without their chunk's files: {missing}")
         columns = self.known_columns(table)
         if not columns:
             raise DblogError(f"no schema known for {table}: ensure_schema first")
@@ -886,58 +781,75 @@ class DeltaSink:
         self._ensure_attempt_column(table)
         commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id,
                            "dblog.attempt": attempt.id}
-        path = self.layout.changelog(table)
-        landed = self._written_before(table, attempt, commit_metadata)
-        version: int | None = None
-        written: int | None = None
-        reads_only: set[str] = set()
-        if not landed:
-            # Any version at or below the latest before this append will do (it only
-            # bounds the search for the commit): the one this sink last wrote, if known.
-            known = self._changelog_version.get(table)
-            before = -1 if not tb.emissions else (
-                known if known is not None else self._latest_version(path))
-            parts: list[DataFrame] = []
-            if tb.events or tb.truncates:
-                parts.append(self._events_df(tb, columns, batch, attempt.id))
-            emissions, reads_only = self._emissions(tb, columns, key, batch, attempt.id)
-            parts += emissions
-            changes = reduce(DataFrame.unionByName, parts)
-            # Already in position order, partition after partition: one emission alone (its
-            # numbering), or log events alone (handed over in log order); no shuffle then.
-            in_order = len(parts) == 1 and not tb.truncates
-            self._append_changelog(table, changes, commit_metadata, in_order=in_order)
-            if tb.emissions:
-                # None: the append had no rows, and Delta made no commit of it.
-                found = self._find_commit_entry(path, commit_metadata, newer_than=before)
-                version, written = found if found is not None else (None, None)
-                if version is not None:
-                    self._changelog_version[table] = version
-            elif table in self._changelog_version:  # log events: never an empty append
-                self._changelog_version[table] += 1
+        counts: dict[str, tuple[int, int]] = {}
+        if not self._written_before(table, attempt, commit_metadata):
+            counts = self._commit_changelog(tb, columns, key, batch, attempt, commit_metadata)
         elif tb.emissions:
-            version = self._commit_version(path, commit_metadata)
+            # An earlier attempt's commit holds this share: the counts come from its rows.
+            path = self.layout.changelog(table)
+            emitted = self._count_emitted(
+                self._committed_rows(table, self._commit_version(path, commit_metadata)))
+            counts = {w: (emitted.get((w, Op.READ.value), 0), emitted.get((w, Op.DELETE.value), 0))
+                      for w in tb.chunks}
         if tb.truncates:
             self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
-        emitted: dict[tuple[str, str], int] = {}
-        if tb.emissions and version is not None:
-            # Emissions are computed once, into the changelog: capture deletes read the mirror
-            # as it stands, so they must never be recomputed. The counts take the batch's rows
-            # back from the changelog commit that holds them (the one just written, or the
-            # one an earlier attempt wrote), unless the commit's row count says it alone.
-            emitted = self._counted_by_commit(tb, written, reads_only) or self._count_emitted(
-                self._committed_rows(table, version))
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
-            EmissionResult(
-                em.window.window_id, table,
-                emitted.get((em.window.window_id, Op.READ.value), 0),
-                rows_deleted=emitted.get((em.window.window_id, Op.DELETE.value), 0),
-            )
+            EmissionResult(em.window.window_id, table, *counts.get(em.window.window_id, (0, 0)))
             for em in tb.emissions
         ]
         return len(tb.events), results
+
+    def _commit_changelog(
+        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
+        attempt: WriteAttempt, metadata: Mapping[str, Any],
+    ) -> dict[str, tuple[int, int]]:
+        """One changelog commit of the table's share: its log events (and truncates) written
+        as one file in log order, each chunk's files as its capture wrote them for this
+        attempt (files written for another attempt are read and written again with this
+        one's tags), and capture deletes. Returns each emission's ``r`` and ``d`` rows.
+
+        Delta's ``txnAppId`` is not used: it reconstructs the table's whole snapshot state on
+        every commit (two thirds of a warm append's JVM time); write attempts guard replays.
+        """
+        table = tb.table
+        path = self.layout.changelog(table)
+        txn = DeltaTxn(self.spark, path)
+        actions: list[str] = []
+        counts: dict[str, tuple[int, int]] = {}
+        if tb.events or tb.truncates:
+            actions += txn.write_files(
+                self._events_df(tb, columns, batch, attempt.id).coalesce(1))
+        for em in tb.emissions:
+            wid = em.window.window_id
+            files = tb.chunks[wid]
+            if (files.batch, files.attempt, files.table_id) == (batch, attempt.id, txn.table_id):
+                chunk = list(files.actions)
+            else:
+                chunk = txn.write_files(
+                    files_dataframe(self.spark, path, files.actions)
+                    .withColumn("_dblog_batch", F.lit(batch).cast(T.LongType()))
+                    .withColumn(ATTEMPT_COLUMN, F.lit(attempt.id)))
+            deletes = self._coverage_deletes(tb, em, files, columns, key, batch, attempt.id)
+            deleted = txn.write_files(deletes) if deletes is not None else []
+            actions += chunk + deleted
+            counts[wid] = (action_rows(chunk), action_rows(deleted))
+        if not actions:
+            return counts  # nothing to add (chunks without rows): no commit
+        fences = [k for k, v in txn.configuration().items()
+                  if k.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt.id in v]
+        try:
+            if fences:
+                raise DblogError(f"{path} refuses attempt {attempt.id} ({fences[0]})")
+            txn.commit(actions, metadata)
+        except Exception as exc:
+            if self._fenced_off(path, attempt.id):
+                raise LeadershipLost(
+                    f"batch {batch} of {table} was fenced off: another tailer took this "
+                    "batch over, so this one stops writing") from exc
+            raise
+        return counts
 
     # ---- the mirror follows the changelog ------------------------------------------------
 
@@ -1037,53 +949,11 @@ class DeltaSink:
         return rows
 
     @staticmethod
-    def _counted_by_commit(tb: TableBatch, written: int | None, reads_only: set[str]
-                           ) -> dict[tuple[str, str], int] | None:
-        """The emission counts the commit's row count gives alone (``written``, by this
-        attempt's append): a batch of one emission whose rows can only be ``r`` rows
-        (``reads_only``), and no log events or truncates, writes only that window's ``r``
-        rows. None otherwise."""
-        if written is None or tb.events or tb.truncates or len(tb.emissions) != 1:
-            return None
-        window_id = tb.emissions[0].window.window_id
-        if window_id not in reads_only:
-            return None
-        return {(window_id, Op.READ.value): written}
-
-    @staticmethod
     def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:
         """Rows per (window, op) among a batch's emissions."""
         counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
                   .groupBy(WINDOW_COLUMN, "op").count().collect())
         return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
-
-    def _append_changelog(self, table: TableId, changes: DataFrame,
-                          metadata: Mapping[str, Any], *, in_order: bool = False) -> None:
-        """One append of the batch as one file in position order. ``in_order``:
-        ``changes`` is in position order already, partition after partition, so joining
-        its partitions keeps that order without a shuffle.
-
-        A plain append: Delta's idempotent-write check (``txnAppId``) reconstructs the
-        table's whole snapshot state on every commit (measured: two thirds of a warm
-        append's JVM time, growing with the table's file count); replays are guarded by
-        write attempts instead (:meth:`write_table_batch`)."""
-        path = self.layout.changelog(table)
-        if in_order:
-            changes = changes.coalesce(1)
-        else:
-            changes = changes.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-        try:
-            (changes.write.format("delta")
-             .mode("append")
-             .option("userMetadata", _metadata_json(metadata))
-             .save(path))
-        except Exception as exc:
-            if self._fenced_off(path, str(metadata.get("dblog.attempt", ""))):
-                raise LeadershipLost(
-                    f"batch {metadata.get('dblog.batch')} of {metadata.get('table')} was "
-                    "fenced off: another tailer took this batch over, so this one stops writing"
-                ) from exc
-            raise
 
     def _fenced_off(self, path: str, attempt: str) -> bool:
         """Whether a replay's fence refuses rows of ``attempt`` (the append then failed on
@@ -1156,23 +1026,10 @@ class DeltaSink:
             )
         return version
 
-    def _latest_version(self, path: str) -> int:
-        from delta.tables import DeltaTable
-
-        latest = DeltaTable.forPath(self.spark, path).history(1).select("version").first()
-        return -1 if latest is None else int(latest["version"])
-
-    def _find_commit(self, path: str, metadata: Mapping[str, Any], *,
-                     newer_than: int = -1) -> int | None:
+    def _find_commit(self, path: str, metadata: Mapping[str, Any]) -> int | None:
         """The version of the changelog commit of the batch ``metadata`` names (any
-        attempt at it; only commits after version ``newer_than``), or None."""
-        found = self._find_commit_entry(path, metadata, newer_than=newer_than)
-        return None if found is None else found[0]
-
-    def _find_commit_entry(self, path: str, metadata: Mapping[str, Any], *,
-                           newer_than: int = -1) -> tuple[int, int | None] | None:
-        """:meth:`_find_commit`, with the number of rows that commit wrote (None if its
-        history entry does not say)."""
+        attempt at it), or None: the latest, or one behind it (a replay after a crash, or a
+        maintenance commit meanwhile)."""
         from delta.tables import DeltaTable
 
         def ours(user_metadata: str | None) -> bool:
@@ -1185,26 +1042,12 @@ class DeltaSink:
             return isinstance(found, dict) and all(
                 found.get(k, metadata[k]) == metadata[k] for k in _COMMIT_IDENTITY if k in metadata)
 
-        def entry(row: Any) -> tuple[int, int | None]:
-            written = (row["operationMetrics"] or {}).get("numOutputRows")
-            return int(row["version"]), None if written is None else int(written)
-
-        table = DeltaTable.forPath(self.spark, path)
-        columns = ("version", "userMetadata", "operationMetrics")
-        latest = table.history(1).select(*columns).collect()
-        if not latest or int(latest[0]["version"]) <= newer_than:
-            return None
-        if ours(latest[0]["userMetadata"]):
-            return entry(latest[0])
-        # Behind a later commit (a replay after a crash, or a maintenance commit meanwhile).
-        # Only the commits after ``newer_than`` are read, when it is known.
-        since = int(latest[0]["version"]) - newer_than
-        history = ((table.history(since) if newer_than >= 0 else table.history())
-                   .where((F.col("operation") == "WRITE") & (F.col("version") > newer_than))
-                   .select(*columns).orderBy(F.desc("version")))
+        history = (DeltaTable.forPath(self.spark, path).history()
+                   .where(F.col("operation") == "WRITE")
+                   .select("version", "userMetadata").orderBy(F.desc("version")))
         for row in history.toLocalIterator():
             if ours(row["userMetadata"]):
-                return entry(row)
+                return int(row["version"])
         return None
 
     def _committed_rows(self, table: TableId, version: int) -> DataFrame:
@@ -1215,18 +1058,6 @@ class DeltaSink:
                 .option("endingVersion", version)
                 .load(self.layout.changelog(table)))
         return rows.drop("_change_type", "_commit_version", "_commit_timestamp")
-
-    def _absorb_staging_columns(self, table: TableId) -> None:
-        """A chunk selected after a DDL may carry a column the log has not shown yet."""
-        if not self._exists(self.layout.staging(table)):
-            return
-        staged = self.spark.read.format("delta").load(self.layout.staging(table)).schema
-        known = {c.name for c in self.known_columns(table)}
-        added = [
-            column_of(f) for f in staged.fields if f.name != WINDOW_COLUMN and f.name not in known
-        ]
-        if added:
-            self._add_columns(table, added)
 
     def _merge_mirror(
         self,

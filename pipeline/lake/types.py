@@ -50,6 +50,23 @@ def contains_type(dtype: T.DataType, kind: type[T.DataType]) -> bool:
     return isinstance(dtype, kind)
 
 
+WINDOW_COLUMN = "_dblog_window_id"
+"""Changelog column: the capture window of a chunk row (null for log events)."""
+ATTEMPT_COLUMN = "_dblog_attempt"
+"""Changelog column: the write attempt that appended the row (see ``WriteAttempt``)."""
+
+
+def same_shape(a: T.DataType, b: T.DataType) -> bool:
+    """Whether two Spark types have the same fields and types, nullability aside."""
+    if isinstance(a, T.StructType) and isinstance(b, T.StructType):
+        return len(a.fields) == len(b.fields) and all(
+            x.name == y.name and same_shape(x.dataType, y.dataType)
+            for x, y in zip(a.fields, b.fields, strict=True))
+    if isinstance(a, T.ArrayType) and isinstance(b, T.ArrayType):
+        return same_shape(a.elementType, b.elementType)
+    return a == b
+
+
 def quote_ident(name: str) -> str:
     """A Spark SQL identifier in backticks (embedded backticks doubled)."""
     return "`" + name.replace("`", "``") + "`"

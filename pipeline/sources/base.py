@@ -20,6 +20,11 @@ datetime.date, datetime.datetime (naive for TIMESTAMP_NTZ, UTC-aware for TIMESTA
 """
 
 
+FETCH_ROWS = 10_000
+"""Rows a chunk select's JDBC cursor fetches at a time: the driver streams the result
+instead of holding it whole in memory."""
+
+
 def element_type(spark_type: str) -> str | None:
     """The element type of a canonical ``ARRAY<...>`` type; None for any other type."""
     if spark_type.startswith("ARRAY<") and spark_type.endswith(">"):
@@ -183,9 +188,11 @@ class SourceDialect(Protocol):
         canonical types: one row, or none when no key lies above ``after_key``."""
         ...
 
-    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
-        """The key at 0-based ``offset`` above ``after`` in the database's key order, or
-        ``None`` (plans key ranges without Spark)."""
+    def key_after(self, table: TableId, after: Key | None, offset: int,
+                  upper: Key | None = None) -> Key | None:
+        """The key at 0-based ``offset`` above ``after`` (and at or below ``upper``) in the
+        database's key order, or ``None`` (plans key ranges and chunk reads without
+        Spark)."""
         ...
 
     def range_checksums(

@@ -28,7 +28,8 @@ def dblog(config: Path, *args: str, fault: str | None = None, password: str) -> 
 CRASHES = (
     "tail.after_table_write:3",  # mid-batch: one table's Delta commit done, the other not
     "capture.after_hw:2",        # the high watermark is in the log, the process is gone
-    "capture.after_stage:2",     # chunk staged, no high watermark: the window must be retried
+    "capture.after_select:2",    # chunk selected and held, no high watermark: retried
+    "capture.before_files:2",    # pinned, files written, not published: retried
     "tail.after_delta:2",        # every Delta commit done, ZooKeeper position not moved
 )
 

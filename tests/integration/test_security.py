@@ -79,8 +79,7 @@ def test_the_password_appears_in_no_output_process_list_history_or_state(
         }
         with open_runtime(load_config(cfg), spark=spark, validate=False) as rt:
             for table in rt.config.table_ids:
-                for path in (rt.layout.changelog(table), rt.layout.mirror(table),
-                             rt.layout.staging(table)):
+                for path in (rt.layout.changelog(table), rt.layout.mirror(table)):
                     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
                     assert history
                     leaks[f"Delta history of {path}"] = "\n".join(str(r.asDict())

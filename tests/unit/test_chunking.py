@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.chunking import KeyRange, contains, key_order, next_chunk_predicate, plan_ranges
+from pipeline.chunking import (
+    KeyRange,
+    contains,
+    key_order,
+    next_chunk_predicate,
+    plan_chunk_reads,
+    plan_ranges,
+    planned_outcome,
+    split_sizes,
+)
 from pipeline.events import Key
 
 
@@ -118,3 +127,59 @@ def test_predicate_matches_tuple_order_in_sqlite(last: Key | None, end: Key | No
     expected = [k for k in sorted(KEYS) if (last is None or k > last) and (end is None or k <= end)]
     assert got == expected
     con.close()
+
+
+# ---- chunks read by several selects at once ------------------------------------------------
+
+def _model_key_after(keys: list[int]) -> Any:
+    """The database's ``key_after`` over a sorted key list."""
+    def key_after(lower: Key | None, offset: int, upper: Key | None) -> Key | None:
+        inside = [k for k in keys if (lower is None or k > lower[0])
+                  and (upper is None or k <= upper[0])]
+        return (inside[offset],) if offset < len(inside) else None
+    return key_after
+
+
+@given(st.integers(1, 40), st.integers(1, 6))
+def test_split_sizes_spread_rows_evenly_and_never_empty(rows: int, parts: int) -> None:
+    sizes = split_sizes(rows, parts)
+    assert sum(sizes) == rows and min(sizes) >= 1
+    assert len(sizes) == min(rows, parts) and max(sizes) - min(sizes) <= 1
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(0, 60), unique=True).map(sorted),
+       st.none() | st.integers(-1, 61), st.none() | st.integers(-1, 61),
+       st.integers(1, 30), st.integers(1, 5))
+def test_a_planned_chunk_reads_its_range_in_contiguous_parts(
+    keys: list[int], lo: int | None, hi: int | None, rows: int, parts: int,
+) -> None:
+    after = None if lo is None else (lo,)
+    upper = None if hi is None or (lo is not None and hi <= lo) else (hi,)
+    bounds = plan_chunk_reads(after, upper, rows, parts, _model_key_after(keys))
+    assert bounds[0] == after and 2 <= len(bounds) <= parts + 1
+    inner = [b for b in bounds[1:] if b is not None]
+    assert inner == sorted(inner) and len(set(inner)) == len(inner)
+    end = bounds[-1]
+    through = upper if end is None else end
+
+    def between(a: Key | None, b: Key | None) -> list[int]:
+        return [k for k in keys if (a is None or k > a[0]) and (b is None or k <= b[0])]
+
+    covered = between(after, through)
+    if end is not None and end != upper:
+        assert len(covered) == rows  # a full chunk holds exactly its size
+    else:
+        assert len(covered) <= rows  # the range ends within the chunk
+    # the parts (b0, b1], (b1, b2], ... (the last to upper when end is None) tile it
+    tops = [upper if b is None else b for b in bounds[1:]]
+    assert sum(len(between(a, b)) for a, b in zip(bounds, tops, strict=False)) == len(covered)
+    outcome = planned_outcome(after=after, upper=upper, end=end)
+    assert outcome.final == (end is None or end == upper)
+    assert outcome.delete_range == (after, through)
+
+
+def test_a_planned_chunk_that_ends_a_range_is_final() -> None:
+    assert planned_outcome(after=(1,), upper=(9,), end=(5,), ends_range=True).final
+    assert not planned_outcome(after=(1,), upper=(9,), end=(5,)).final
+    assert planned_outcome(after=(1,), upper=None, end=(5,), filtered=True).delete_range is None

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from pipeline.events import TableId
+from pipeline.lake.chunks import read_order_offsets
+from pipeline.lake.deltalog import action_rows
 from pipeline.lake.layout import LakeLayout, segment
 from pipeline.lake.sink import table_properties, widens
 from pipeline.lake.types import coerce, needs_coercion
@@ -80,4 +84,23 @@ def test_a_uri_lake_root_is_joined_as_text() -> None:
     table = TableId("Sales db", "Order Lines")
     assert layout.changelog(table) == "s3a://bucket/lake/src/Sales~20db/Order~20Lines/changelog"
     assert layout.mirror(table).startswith("s3a://bucket/lake/src/")
-    assert layout.staging(table).endswith("/_staging")
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=6))
+def test_read_order_offsets_number_rows_in_key_order(sizes: list[int]) -> None:
+    """Read partitions read consecutive key ranges: a row's number in the chunk is the rows
+    before its partition plus its index inside it (partitions without rows report none)."""
+    counts = {part: n for part, n in enumerate(sizes) if n}
+    offsets = read_order_offsets(counts)
+    numbers = [offsets[part] + i for part, n in enumerate(sizes) for i in range(n)]
+    assert numbers == list(range(sum(sizes)))
+
+
+def test_action_rows_counts_the_added_rows() -> None:
+    def add(n: int) -> str:
+        return json.dumps({"add": {"path": f"p{n}", "stats": json.dumps({"numRecords": n})}})
+
+    assert action_rows([add(3), add(4), json.dumps({"remove": {"path": "x"}})]) == 7
+    assert action_rows([]) == 0
+    with pytest.raises(ValueError, match="row count"):
+        action_rows([json.dumps({"add": {"path": "p", "stats": "{}"}})])

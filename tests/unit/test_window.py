@@ -74,11 +74,12 @@ def test_paper_example_k1_to_k6() -> None:
     assert emission == ChunkEmission(w, Position(50), frozenset({(1,), (3,), (6,)}), 50_000)
     assert out[5] == upd(4, 60)
     # the chunk may hold pre- or post-change images; k6 may or may not be in it
-    reads = materialize(emission, chunk(6, 5, 4, 3, 2, 1))  # staged order is irrelevant
+    reads = materialize(emission, chunk(6, 5, 4, 3, 2, 1))  # selected order is irrelevant
+    # numbered in key order over every selected row: dropped k1, k3, k6 leave 1, 3, 6 unused
     assert [(e.key, e.position) for e in reads] == [
-        ((2,), Position(50, 1)),
-        ((4,), Position(50, 2)),
-        ((5,), Position(50, 3)),
+        ((2,), Position(50, 2)),
+        ((4,), Position(50, 4)),
+        ((5,), Position(50, 5)),
     ]
     assert all(e.op is Op.READ and e.window_id == "w1" and e.table == T for e in reads)
     assert all(e.commit_ts_ms == 50_000 and e.after == row(e.key[0]) for e in reads)
@@ -217,7 +218,8 @@ def test_materialize_composite_keys_with_none_and_duplicates() -> None:
         ((1, "a"), {"v": 4}),
     ]
     out = materialize(e, rows)
-    assert [(x.key, x.position.seq) for x in out] == [((1, None), 4), ((1, "a"), 5), ((2, "a"), 6)]
+    # (1, "b") is dropped and keeps its number, 6
+    assert [(x.key, x.position.seq) for x in out] == [((1, None), 4), ((1, "a"), 5), ((2, "a"), 7)]
     assert materialize(e, []) == []
     with pytest.raises(ValueError):
         materialize(e, [((1, "b"), {}), ((1, "b"), {})])

@@ -212,13 +212,15 @@ class MySqlDialect:
 
         return read_max_key(spark, self, schema, after_key)
 
-    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
-        """The key at 0-based ``offset`` above ``after`` in key order (``None`` if none):
-        plans key ranges of a given size; reads only the primary-key index."""
+    def key_after(self, table: TableId, after: Key | None, offset: int,
+                  upper: Key | None = None) -> Key | None:
+        """The key at 0-based ``offset`` above ``after`` (and at or below ``upper``) in key
+        order (``None`` if none): plans key ranges and chunk reads of a given size; reads
+        only the primary-key index."""
         from pipeline.sources.mysql.snapshot import key_at_offset_sql, key_from_text
 
         schema = self.table_schema(table)
-        sql = key_at_offset_sql(schema, after, offset)
+        sql = key_at_offset_sql(schema, after, offset, upper)
 
         def read(conn: Any) -> Any:
             with conn.cursor() as cur:

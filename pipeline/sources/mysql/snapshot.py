@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.chunking import chunk_predicate_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key, TableId
-from pipeline.sources.base import ChunkSpec, Column, SourceDialect, TableSchema
+from pipeline.sources.base import FETCH_ROWS, ChunkSpec, Column, SourceDialect, TableSchema
 from pipeline.sources.mysql.sqltext import literal, quote_ident, quote_table
 from pipeline.sources.mysql.types import TEMPORAL_TYPES, SourceType
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+
 
 
 def _keys_predicate(key_cols: tuple[str, ...], keys: list[Key]) -> str:
@@ -119,13 +120,15 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
     return ", ".join(terms)
 
 
-def _key_select(schema: TableSchema, after_key: Key | None, doing: str) -> str:
-    """``SELECT <key columns projected like a chunk's> FROM t [WHERE key > after_key]``."""
+def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
+                upper_key: Key | None = None) -> str:
+    """``SELECT <key columns projected like a chunk's> FROM t [WHERE key > after_key
+    [AND key <= upper_key]]``."""
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     projections = [f"{column_projection(schema.column(name))} AS {quote_ident(name)}"
                    for name in schema.key]
-    bounds = key_bounds_sql(schema, after_key, None, doing)
+    bounds = key_bounds_sql(schema, after_key, upper_key, doing)
     where = "" if bounds is None else f" WHERE {bounds}"
     return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
             f"{where}")
@@ -138,12 +141,14 @@ def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
             f"ORDER BY {_order_by(schema, descending=True)} LIMIT 1")
 
 
-def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int) -> str:
+def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int,
+                      upper_key: Key | None = None) -> str:
     """SELECT of the key at 0-based ``offset`` above ``after_key`` (None: from the table's
-    start), in the database's key order; key columns projected like a chunk's."""
+    start) and at or below ``upper_key`` (None: no limit), in the database's key order; key
+    columns projected like a chunk's."""
     if offset < 0:
         raise ValueError("offset must not be negative")
-    return (f"{_key_select(schema, after_key, 'key range')} "
+    return (f"{_key_select(schema, after_key, 'key range', upper_key)} "
             f"ORDER BY {_order_by(schema)} LIMIT 1 OFFSET {int(offset)}")
 
 
@@ -204,7 +209,8 @@ def read_chunk(
     """One chunk as a DataFrame with the canonical schema, rows in the database's key order
     (one JDBC partition). Zero dates read as NULL, as the log decodes them."""
     sql = dialect.chunk_sql(spec, schema)
-    df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
+    df = (spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql)
+          .option("fetchsize", str(FETCH_ROWS)).load())
     return _canonical(df, schema.columns, schema.table)
 
 

@@ -13,7 +13,7 @@ import psycopg2
 from pipeline.chunking import KeyRange
 from pipeline.errors import ConfigError, LogPurgedError, SourceError
 from pipeline.events import Key, Position, TableId
-from pipeline.sources.base import ChunkSpec, TableSchema
+from pipeline.sources.base import FETCH_ROWS, ChunkSpec, TableSchema
 from pipeline.sources.postgres.connection import PostgresSettings, connect, translate
 from pipeline.sources.postgres.pgoutput import lsn_text
 from pipeline.sources.postgres.publication import RESETS_TABLE, bookkeeping_ddl, sync_publication
@@ -327,16 +327,17 @@ class PostgresDialect:
     def read_chunk(self, spark: Any, spec: ChunkSpec, schema: TableSchema) -> Any:
         """One chunk through Spark JDBC in the canonical schema, in key order; each select
         is its own autocommit statement, so it reads a fresh READ COMMITTED snapshot."""
-        return read_query(spark, self.jdbc_options(), self.chunk_sql(spec, schema),
-                          schema.columns)
+        options = {**self.jdbc_options(), "fetchsize": str(FETCH_ROWS)}
+        return read_query(spark, options, self.chunk_sql(spec, schema), schema.columns)
 
     def read_max_key(self, spark: Any, schema: TableSchema, after_key: Key | None) -> Any:
         return read_query(spark, self.jdbc_options(), max_key_sql(schema, after_key),
                           [schema.column(k) for k in schema.key])
 
-    def key_after(self, table: TableId, after: Key | None, offset: int) -> Key | None:
+    def key_after(self, table: TableId, after: Key | None, offset: int,
+                  upper: Key | None = None) -> Key | None:
         schema = self.table_schema(table)
-        rows = self._query(key_at_offset_sql(schema, after, offset),
+        rows = self._query(key_at_offset_sql(schema, after, offset, upper),
                            doing=f"planning key ranges of {table}")
         return None if not rows else key_from_row(schema, rows[0])
 

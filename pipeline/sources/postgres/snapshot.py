@@ -71,10 +71,11 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
             f"{where} ORDER BY {_order_by(schema)} LIMIT {int(spec.limit)}")
 
 
-def _key_select(schema: TableSchema, after_key: Key | None, doing: str) -> str:
+def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
+                upper_key: Key | None = None) -> str:
     projections = [f"{column_projection(schema.column(k))} AS {quote_ident(k)}"
                    for k in schema.key]
-    bounds = key_bounds_sql(schema, after_key, None, doing)
+    bounds = key_bounds_sql(schema, after_key, upper_key, doing)
     where = "" if bounds is None else f" WHERE {bounds}"
     return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
             f"{where}")
@@ -85,10 +86,11 @@ def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
             f"ORDER BY {_order_by(schema, descending=True)} LIMIT 1")
 
 
-def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int) -> str:
+def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int,
+                      upper_key: Key | None = None) -> str:
     if offset < 0:
         raise ValueError("offset must not be negative")
-    return (f"{_key_select(schema, after_key, 'key range')} "
+    return (f"{_key_select(schema, after_key, 'key range', upper_key)} "
             f"ORDER BY {_order_by(schema)} LIMIT 1 OFFSET {int(offset)}")
 
 

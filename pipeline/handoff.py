@@ -1,0 +1,189 @@
+"""The high-watermark handoff: a chunk's rows reach the changelog written once.
+
+A capture selects a chunk between its low and high watermark and keeps the rows in Spark
+(a local checkpoint). At the high watermark the tailer knows everything the chunk's
+changelog rows carry: the position (the high watermark's), the batch and write attempt that
+will commit them, and the keys the window saw change (dropped from the chunk). It *pins*
+the window with those; the capture writes the rows as final changelog files (uncommitted,
+so invisible) and publishes their Delta ``add`` actions; the tailer commits them with its
+batch, a commit that moves no data. ZooKeeper nodes, under the source's root::
+
+    chunks/<window>            the chunk's description (capture, before its high watermark)
+    chunks/<window>/holder     ephemeral: the capture holds the selected rows
+    chunks/<window>/pin        the tailer's pin (:class:`ChunkPin`, without the keys)
+    chunks/<window>/pin-<i>    the pin's dropped keys, in parts under ZooKeeper's 1 MB
+    chunks/<window>/files      the capture's files for a pin (:class:`ChunkFiles`)
+
+A holder that disappears before its files are published (the capture died) makes the
+tailer abort the window; the capture selects the chunk again when resumed. Files written
+for an earlier write attempt (the tailer died before its commit) are read again and
+rewritten with the new attempt's tags: the rows are the same, since the high watermark's
+position and the dropped keys come from the log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.events import Key, TableId, key_from_json, key_to_json
+from pipeline.sources.base import Column, TableSchema
+from pipeline.state import StateStore
+
+__all__ = [
+    "CHUNKS",
+    "ChunkFiles",
+    "ChunkPin",
+    "chunk_path",
+    "columns_from_json",
+    "columns_to_json",
+    "hold",
+    "is_held",
+    "read_files",
+    "read_pin",
+    "release",
+    "write_files",
+    "write_pin",
+]
+
+CHUNKS = "chunks"
+"""ZooKeeper folder where a capture describes each chunk before its high watermark."""
+KEYS_PART_BYTES = 400_000
+"""At most this much JSON of dropped keys per znode (ZooKeeper's limit is 1 MB)."""
+
+
+def chunk_path(window_id: str) -> str:
+    """The chunk description of ``window_id`` (the handoff's nodes are its children)."""
+    return f"{CHUNKS}/{window_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPin:
+    """The tailer's word at a window's high watermark: write the chunk's rows for this.
+
+    Row ``i`` of the chunk in key order (dropped keys counted) takes position
+    ``(lsn, seq + 1 + i)``; ``batch`` and ``attempt`` tag the rows as the tailer's own."""
+
+    window_id: str
+    batch: int
+    attempt: str
+    lsn: int
+    seq: int
+    commit_ts_ms: int | None
+    dropped_keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFiles:
+    """A capture's changelog files for one pin: Delta ``add`` actions, uncommitted.
+
+    ``table_id``: the changelog's identity when they were written (a table recreated at the
+    path needs them written again); ``rows``: the rows they hold (the chunk minus its
+    dropped keys); ``selected``: the rows the chunk select returned (the dropped keys
+    included), which the chunk's positions number."""
+
+    window_id: str
+    batch: int
+    attempt: str
+    table_id: str
+    actions: tuple[str, ...]
+    rows: int
+    selected: int
+
+    def for_pin(self, pin: ChunkPin) -> bool:
+        """Whether these are the files ``pin`` asked for."""
+        return (self.batch, self.attempt) == (pin.batch, pin.attempt)
+
+
+def columns_to_json(schema: TableSchema) -> list[list[object]]:
+    """A chunk's columns for its description (the tailer makes the lake hold them)."""
+    return [[c.name, c.spark_type, c.nullable, c.source_type] for c in schema.columns]
+
+
+def columns_from_json(table: TableId, key: Sequence[str], data: object) -> TableSchema | None:
+    """The inverse of :func:`columns_to_json` (None: a description without columns)."""
+    if not isinstance(data, list):
+        return None
+    columns = tuple(Column(str(c[0]), str(c[1]), bool(c[2]), str(c[3])) for c in data)
+    return TableSchema(table, columns, tuple(key))
+
+
+def hold(state: StateStore, window_id: str) -> None:
+    """Say this process holds the chunk's selected rows (until it ends or releases)."""
+    state.hold(f"{chunk_path(window_id)}/holder")
+
+
+def release(state: StateStore, window_id: str) -> None:
+    """The rows are no longer held (published, or the window settled)."""
+    state.delete(f"{chunk_path(window_id)}/holder")
+
+
+def is_held(state: StateStore, window_id: str) -> bool:
+    """Whether a live capture holds the chunk's selected rows."""
+    return state.exists(f"{chunk_path(window_id)}/holder")
+
+
+def write_pin(state: StateStore, pin: ChunkPin) -> None:
+    """Pin the window: the dropped keys in parts first, then the pin naming them."""
+    base = chunk_path(pin.window_id)
+    parts: list[list[object]] = [[]]
+    size = 0
+    for key in pin.dropped_keys:
+        encoded = key_to_json(key)
+        length = len(json.dumps(encoded, default=str)) + 2
+        if size + length > KEYS_PART_BYTES and parts[-1]:
+            parts.append([])
+            size = 0
+        parts[-1].append(encoded)
+        size += length
+    for i, keys in enumerate(parts):
+        state.put(f"{base}/pin-{i}", {"attempt": pin.attempt, "keys": keys}, None)
+    state.put(f"{base}/pin", {
+        "batch": pin.batch, "attempt": pin.attempt, "lsn": pin.lsn, "seq": pin.seq,
+        "commit_ts_ms": pin.commit_ts_ms, "parts": len(parts),
+        "dropped": len(pin.dropped_keys),
+    }, None)
+
+
+def read_pin(state: StateStore, window_id: str) -> ChunkPin | None:
+    """The window's pin, or None (not pinned yet, or a new pin being written: ask again)."""
+    base = chunk_path(window_id)
+    found = state.get(f"{base}/pin")
+    if found is None:
+        return None
+    doc = found.value
+    keys: list[Key] = []
+    for i in range(int(doc["parts"])):
+        part = state.get(f"{base}/pin-{i}")
+        if part is None or part.value.get("attempt") != doc["attempt"]:
+            return None
+        keys += [k for k in (key_from_json(v) for v in part.value["keys"]) if k is not None]
+    if len(keys) != int(doc["dropped"]):
+        return None
+    again = state.get(f"{base}/pin")
+    if again is None or again.version != found.version:
+        return None  # re-pinned while read
+    commit_ts = doc.get("commit_ts_ms")
+    return ChunkPin(window_id, int(doc["batch"]), str(doc["attempt"]), int(doc["lsn"]),
+                    int(doc["seq"]), None if commit_ts is None else int(commit_ts), tuple(keys))
+
+
+def write_files(state: StateStore, files: ChunkFiles) -> None:
+    """Publish the capture's files for a pin (replacing files of an earlier pin)."""
+    state.put(f"{chunk_path(files.window_id)}/files", {
+        "batch": files.batch, "attempt": files.attempt, "table_id": files.table_id,
+        "actions": list(files.actions), "rows": files.rows, "selected": files.selected,
+    }, None)
+
+
+def read_files(state: StateStore, window_id: str) -> ChunkFiles | None:
+    """The files last published for the window, or None."""
+    found = state.get(f"{chunk_path(window_id)}/files")
+    if found is None:
+        return None
+    doc = found.value
+    return ChunkFiles(window_id, int(doc["batch"]), str(doc["attempt"]), str(doc["table_id"]),
+                      tuple(str(a) for a in doc["actions"]), int(doc["rows"]),
+                      int(doc["selected"]))
+

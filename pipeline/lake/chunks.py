@@ -1,0 +1,138 @@
+"""A chunk's changelog rows, written once by the capture that selected them.
+
+The capture holds the selected rows (tagged with their read order) until the tailer pins the
+window (:class:`~pipeline.handoff.ChunkPin`); then :func:`write_chunk_files` writes them as
+the changelog's own files, uncommitted: ``op = 'r'``, the high watermark's position, row
+``i`` in key order at ``seq + 1 + i`` (the window's dropped keys leave their numbers unused),
+the pin's batch and write attempt. The rows never pass through Python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline.errors import DblogError
+from pipeline.events import Key, Op, TableId
+from pipeline.handoff import ChunkFiles, ChunkPin
+from pipeline.lake.deltalog import DeltaTxn, action_rows
+from pipeline.lake.types import ATTEMPT_COLUMN, WINDOW_COLUMN, coerce, quote_ident
+
+__all__ = ["PARTITION_SHIFT", "keys_frame", "read_order_offsets", "write_chunk_files"]
+
+PARTITION_SHIFT = 33
+"""Spark's ``monotonically_increasing_id``: the partition index above this bit, the row's
+index inside its partition below it."""
+_ROW_MASK = (1 << PARTITION_SHIFT) - 1
+
+
+def read_order_offsets(counts: Mapping[int, int]) -> dict[int, int]:
+    """Rows read before each partition of a chunk, from the rows each one read (partitions
+    read consecutive key ranges in index order): the base of its rows' numbers."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for part in sorted(counts):
+        offsets[part] = total
+        total += counts[part]
+    return offsets
+
+
+def keys_frame(spark: SparkSession, keys: Sequence[Key], key: Sequence[str],
+               types: Mapping[str, T.DataType]) -> DataFrame:
+    """Primary keys as a DataFrame of the key columns in the lake's types."""
+    schema = T.StructType([T.StructField(k, types[k]) for k in key])
+    values = [tuple(coerce(v, types[k]) for v, k in zip(kv, key, strict=True)) for kv in keys]
+    return spark.createDataFrame(values, schema, verifySchema=False)
+
+
+def _index_in_key_order(order_column: str, offsets: Mapping[int, int]) -> SparkColumn:
+    """A row's 0-based index in the chunk's key order, from its read-order tag."""
+    order = F.col(quote_ident(order_column))
+    part = F.shiftright(order, PARTITION_SHIFT)
+    base: SparkColumn | None = None
+    for p, offset in sorted(offsets.items()):
+        base = (F.when(part == p, F.lit(offset)) if base is None
+                else base.when(part == p, F.lit(offset)))
+    base = F.lit(0) if base is None else base
+    index: SparkColumn = base + order.bitwiseAND(F.lit(_ROW_MASK))
+    return index.cast(T.LongType())
+
+
+def _after(columns: Sequence[str], after_type: T.StructType, table: TableId) -> SparkColumn:
+    """The ``after`` struct in the lake's types from the chunk's ``columns``; lake columns
+    the chunk lacks are null."""
+    present = set(columns)
+    missing = [c for c in columns if c not in {f.name for f in after_type.fields}]
+    if missing:
+        raise DblogError(
+            f"{table}: the changelog lacks the chunk's column(s) {', '.join(missing)}; the "
+            "tailer adds a chunk's columns before it pins the window")
+    return F.struct(*[
+        (F.col(quote_ident(f.name)) if f.name in present else F.lit(None))
+        .cast(f.dataType).alias(f.name)
+        for f in after_type.fields
+    ])
+
+
+def write_chunk_files(
+    spark: SparkSession,
+    changelog: str,
+    *,
+    source: str,
+    table: TableId,
+    chunk: DataFrame,
+    key: Sequence[str],
+    order_column: str,
+    offsets: Mapping[int, int],
+    selected: int,
+    pin: ChunkPin,
+) -> ChunkFiles:
+    """Write ``chunk`` (the selected rows, with the read-order tag ``order_column``) as the
+    changelog files ``pin`` asks for, committing nothing; returns their actions.
+
+    ``offsets``: the rows read before each read partition (:func:`read_order_offsets`);
+    ``selected``: the chunk's rows.
+    The changelog must hold every column of the chunk (the tailer makes sure of it before
+    it pins); lake columns the chunk lacks are written null, and values take the lake's
+    types (a lake column may be wider than the source's)."""
+    txn = DeltaTxn(spark, changelog)
+    schema = T.StructType.fromJson(json.loads(txn.schema_json))
+    after_type = schema["after"].dataType
+    assert isinstance(after_type, T.StructType)
+    rows = chunk
+    if pin.dropped_keys:
+        types = {f.name: f.dataType for f in after_type.fields}
+        dropped = keys_frame(spark, pin.dropped_keys, key, types)
+        rows = rows.join(F.broadcast(dropped), on=list(key), how="left_anti")
+    commit_ts = (F.lit(None) if pin.commit_ts_ms is None
+                 else F.timestamp_millis(F.lit(int(pin.commit_ts_ms))))
+    source_type = schema["source"].dataType
+    assert isinstance(source_type, T.StructType)
+    columns: dict[str, SparkColumn] = {
+        "op": F.lit(Op.READ.value),
+        "before": F.lit(None).cast(after_type),
+        "after": _after([c for c in chunk.columns if c != order_column], after_type, table),
+        "source": F.struct(
+            F.lit(source).alias("name"), F.lit(table.database).alias("database"),
+            F.lit(table.table).alias("table"), commit_ts.cast(T.TimestampType())
+            .alias("commit_ts")).cast(source_type),
+        "_dblog_lsn": F.lit(pin.lsn).cast(T.LongType()),
+        "_dblog_seq": F.lit(pin.seq + 1).cast(T.LongType())
+        + _index_in_key_order(order_column, offsets),
+        WINDOW_COLUMN: F.lit(pin.window_id),
+        "_dblog_batch": F.lit(pin.batch).cast(T.LongType()),
+        ATTEMPT_COLUMN: F.lit(pin.attempt),
+    }
+    unknown = [f.name for f in schema.fields if f.name not in columns]
+    if unknown:
+        raise DblogError(f"{table}: the changelog has columns dblog does not write: {unknown}")
+    shaped = rows.select(*[columns[f.name].alias(f.name) for f in schema.fields])
+    actions = txn.write_files(shaped)
+    return ChunkFiles(pin.window_id, pin.batch, pin.attempt, txn.table_id, tuple(actions),
+                      action_rows(actions), selected)
+

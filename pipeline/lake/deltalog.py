@@ -1,0 +1,141 @@
+"""Delta's own transaction API, reached through Spark's JVM: files written now, committed later.
+
+A capture writes a chunk's changelog files with :meth:`DeltaTxn.write_files` and never
+commits them: uncommitted files are invisible to every reader (and VACUUM removes them once
+older than the table's retention). The tailer then commits them, with its own batch's files,
+in one :meth:`DeltaTxn.commit`, so a chunk is written once and emitted by a commit that
+carries no data (see ``README.md``, "Chunks written once").
+
+Actions travel between processes as Delta's own JSON (``{"add": {...}}``), the form they take
+in the table's log; the statistics in them are Delta's own as well.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from pipeline.errors import DblogError
+from pipeline.lake.types import same_shape
+
+__all__ = ["DeltaTxn", "action_rows", "files_dataframe"]
+
+
+def _jvm(spark: SparkSession) -> Any:
+    return spark.sparkContext._jvm
+
+
+def _scala_seq(spark: SparkSession, items: Iterable[Any]) -> Any:
+    jvm = _jvm(spark)
+    java_list = jvm.java.util.ArrayList()
+    for item in items:
+        java_list.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toSeq()
+
+
+def _python_list(spark: SparkSession, seq: Any) -> list[Any]:
+    it = _jvm(spark).scala.jdk.javaapi.CollectionConverters.asJava(seq).iterator()
+    out = []
+    while it.hasNext():
+        out.append(it.next())
+    return out
+
+
+def _delta_log(spark: SparkSession, path: str) -> Any:
+    jvm = _jvm(spark)
+    # Delta reads the session's settings through the thread's active session: make it the
+    # caller's (its confs, not another session's idempotent-write markers).
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+
+
+def _actions(spark: SparkSession, actions_json: Sequence[str]) -> list[Any]:
+    parse = _jvm(spark).org.apache.spark.sql.delta.actions.Action.fromJson
+    return [parse(a) for a in actions_json]
+
+
+def action_rows(actions_json: Iterable[str]) -> int:
+    """Rows the ``add`` actions hold, from their statistics (``numRecords``)."""
+    total = 0
+    for text in actions_json:
+        add = json.loads(text).get("add")
+        if add is None:
+            continue
+        stats = json.loads(add.get("stats") or "{}")
+        if "numRecords" not in stats:
+            raise ValueError(f"an add action without a row count: {add.get('path')}")
+        total += int(stats["numRecords"])
+    return total
+
+
+class DeltaTxn:
+    """One optimistic transaction on the Delta table at ``path`` (it must exist).
+
+    Reads see the snapshot the transaction started at; :meth:`commit` fails with Delta's
+    ``Concurrent...``/``MetadataChanged`` errors when another commit conflicts with it.
+    """
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        self._txn = _delta_log(spark, path).startTransaction()
+
+    @property
+    def read_version(self) -> int:
+        """The table version this transaction read."""
+        return int(self._txn.readVersion())
+
+    @property
+    def table_id(self) -> str:
+        """The table's identity (``metaData.id``): a table recreated at the path differs."""
+        return str(self._txn.metadata().id())
+
+    @property
+    def schema_json(self) -> str:
+        """The table's schema, as Spark's JSON."""
+        return str(self._txn.metadata().schema().json())
+
+    def configuration(self) -> dict[str, str]:
+        """The table's properties (constraints included: ``delta.constraints.<name>``)."""
+        conf = self._txn.metadata().configuration()
+        as_java = _jvm(self.spark).scala.jdk.javaapi.CollectionConverters.asJava(conf)
+        return {str(k): str(as_java.get(k)) for k in as_java.keySet().toArray()}
+
+    def write_files(self, df: DataFrame) -> list[str]:
+        """Write ``df`` as data files of the table, committing nothing; their ``add``
+        actions as JSON. ``df`` must have the table's schema. The table's CHECK and NOT
+        NULL constraints are enforced on the rows, as for any write."""
+        table = T.StructType.fromJson(json.loads(self.schema_json))
+        if not same_shape(df.schema, table):
+            raise DblogError(f"rows for {self.path} do not have its schema:\n{df.schema}\n"
+                             f"instead of\n{table}")
+        actions = _python_list(self.spark, self._txn.writeFiles(df._jdf))
+        return [str(a.json()) for a in actions]
+
+    def commit(self, actions_json: Sequence[str], user_metadata: Mapping[str, Any]) -> int:
+        """Commit the actions as one append (``WRITE``) with ``user_metadata`` in its commit
+        info; returns the new version."""
+        jvm = _jvm(self.spark)
+        none = jvm.scala.Option.empty()
+        text = json.dumps(dict(user_metadata), sort_keys=True, default=str)
+        op = jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
+            jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Option.apply(text),
+            none, none, none, none, none)
+        seq = _scala_seq(self.spark, _actions(self.spark, actions_json))
+        return int(self._txn.commit(seq, op))
+
+
+def files_dataframe(spark: SparkSession, path: str, actions_json: Sequence[str]) -> DataFrame:
+    """The rows of data files written for the table at ``path`` (committed or not), read with
+    the table's current schema: files written under an earlier schema of the same table read
+    as its older files do (added columns null, widened types widened)."""
+    log = _delta_log(spark, path)
+    snapshot = log.update(False, _jvm(spark).scala.Option.empty(),
+                          _jvm(spark).scala.Option.empty())
+    adds = _scala_seq(spark, _actions(spark, actions_json))
+    jdf = log.createDataFrame(snapshot, adds, False, _jvm(spark).scala.Option.empty())
+    return DataFrame(jdf, spark)
