@@ -109,7 +109,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
                 profile.wrap(capturer, "_chunk", "capture.chunk (plan, register, LW, select, "
                              "HW, pin, write)")
                 profile.wrap(capturer, "_read_plan", "capture.read_plan")
-                profile.wrap(capturer, "_write_when_pinned", "capture.wait_pin_and_write")
+                profile.wrap(capturer, "_write_held", "capture.wait_pin_and_write")
                 profile.wrap(capturer, "_wait", "capture.wait_for_emission")
                 reports = capturer.run(capture_id, stop=stop)
                 seconds = time.perf_counter() - began

@@ -74,7 +74,7 @@ def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
             capturer.health_check = bg.check
             profile.wrap(capturer, "_chunk", "capture.chunk (plan, register, LW, select, HW, "
                          "pin, write)")
-            profile.wrap(capturer, "_write_when_pinned", "capture.wait_pin_and_write")
+            profile.wrap(capturer, "_write_held", "capture.wait_pin_and_write")
             reports = capturer.run(capture_id, stop=stop)
             seconds = time.perf_counter() - began
             rt.wait_caught_up(bg.check, timeout=timeout)

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 from typing import Any, cast
@@ -188,6 +189,57 @@ def read_summary(tagged: DataFrame, schema: TableSchema, order_column: str
 
 def _spark_ident(name: str) -> str:
     return quote_ident(name)
+
+
+@dataclass
+class HeldChunk:
+    """A chunk selected and held (a local checkpoint) until its files are written."""
+
+    window_id: str
+    schema: TableSchema
+    rows: DataFrame
+    """The selected rows, tagged with their read order in ``order``."""
+    order: str
+    counts: dict[int, int]
+    """Rows per read partition."""
+
+
+class ChunkWriter:
+    """Writes held chunks' files in a thread of its own, in order, so that the next chunks
+    are selected meanwhile: the database serves a select while Spark encodes earlier
+    chunks' files. Up to ``depth`` tasks wait or run (so ``depth + 1`` chunks are held with
+    the one being selected); a task's failure raises at the next submit or flush."""
+
+    def __init__(self, write: Callable[[HeldChunk], None], depth: int = 2) -> None:
+        self._write = write
+        self._depth = depth
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dblog-chunk-writer")
+        self._queued: list[Future[None]] = []
+
+    def submit(self, chunk: HeldChunk) -> None:
+        """Write ``chunk`` after the chunks before it."""
+        self.run(partial(self._write, chunk))
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Run ``task`` in the writer's thread after the tasks before it."""
+        while len(self._queued) >= self._depth:
+            self._queued.pop(0).result()
+        self._queued.append(self._pool.submit(task))
+
+    def flush(self) -> None:
+        """Wait for every task (the first failure raises here)."""
+        while self._queued:
+            self._queued.pop(0).result()
+
+    def __enter__(self) -> ChunkWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self.flush()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 class Capturer:
@@ -432,6 +484,33 @@ class Capturer:
         """
         table = progress.table
         schema = self.dialect.table_schema(table)
+        with ChunkWriter(partial(self._write_held, stop=stop)) as writer:
+            # The lake's tables made (once) beside the first select, not by the tailer at
+            # the first high watermark, where the chunk's files would wait for it.
+            writer.run(partial(self.sink.ensure_tables, schema))
+            return self._walk_with(writer, capture_id, range_id, progress, schema, keys, where,
+                                   stop, report, on_progress, ends_range=ends_range,
+                                   open_end=open_end)
+
+    def _walk_with(
+        self,
+        writer: ChunkWriter,
+        capture_id: str,
+        range_id: str,
+        progress: RangeProgress,
+        schema: TableSchema,
+        keys: tuple[Key, ...] | None,
+        where: str | None,
+        stop: threading.Event,
+        report: RangeReport,
+        on_progress: Callable[[RangeReport], None] | None,
+        *,
+        ends_range: bool,
+        open_end: bool,
+    ) -> str:
+        """:meth:`_walk`, each selected chunk handed to ``writer`` (it writes the chunk's
+        files once the tailer pins it, while the next chunk is selected)."""
+        table = progress.table
         first = self.options.chunk_sizes.get(table, self.options.chunk_size)
         limit = first
         after = progress.last_emitted_key
@@ -457,11 +536,14 @@ class Capturer:
                 break
             bounded = open_end and not past_bound
             began = time.monotonic()
-            wid, rows, last, reached_end = self._chunk(
+            held, rows, last, reached_end = self._chunk(
                 capture_id, range_id, table, schema, after,
                 None if past_bound else progress.upper, keys, where, limit,
-                ends_range=ends_range or past_bound, not_final=bounded, stop=stop,
+                ends_range=ends_range or past_bound, not_final=bounded,
             )
+            wid = held.window_id
+            writer.submit(held)
+            report.rows_selected += rows
             limit = next_chunk_rows(
                 limit, rows, time.monotonic() - began, first=first,
                 most=max(first, self.options.chunk_max_rows),
@@ -469,7 +551,6 @@ class Capturer:
             )
             inflight.append(wid)
             report.chunks += 1
-            report.rows_selected += rows
             if reached_end and not bounded:
                 break
             if reached_end:
@@ -478,6 +559,7 @@ class Capturer:
         # On an exception the windows stay open; the next run's _recover settles them.
         # On a stop the windows still in flight stay open; the next run's _recover settles
         # them (the tailer may well emit them meanwhile).
+        writer.flush()
         for wid in inflight:
             waited = self._wait(wid, report, stop)
             if waited == "interrupted":
@@ -502,14 +584,14 @@ class Capturer:
         *,
         ends_range: bool = False,
         not_final: bool = False,
-        stop: threading.Event | None = None,
-    ) -> tuple[str, int, Key | None, bool]:
-        """One DBLog chunk: plan, register, LW, select, describe, HW, write when pinned.
+    ) -> tuple[HeldChunk, int, Key | None, bool]:
+        """One DBLog chunk up to its high watermark: plan, register, LW, select, describe,
+        hold, HW (its files are written once the tailer pins it: :meth:`_write_held`).
 
-        Returns the window id, the rows selected, the last key (where the next chunk starts:
-        the planned end, the last key read, or ``after`` if none) and whether the chunk
-        reached the end of ``(after, upper]``; ``not_final``: even then the range goes on
-        (an open-ended range's last chunk reads past ``upper``).
+        Returns the held chunk, its rows, the last key (where the next chunk starts: the
+        planned end, the last key read, or ``after`` if none) and whether the chunk reached
+        the end of ``(after, upper]``; ``not_final``: even then the range goes on (an
+        open-ended range's last chunk reads past ``upper``).
         """
         filtered = keys is not None or (where is not None and bool(where.strip()))
         bounds = None if filtered else self._read_plan(table, after, upper, limit)
@@ -534,9 +616,12 @@ class Capturer:
         order = ORDER_COLUMN
         while order.lower() in {c.lower() for c in selected.columns}:
             order += "_"  # never a table column's name (Spark names are case-insensitive)
+        # Held in Spark (a local checkpoint, on disk if memory runs short); the summary is the
+        # first pass over the rows, so it reads them from the database and keeps them.
         tagged = selected.withColumn(order, F.monotonically_increasing_id()).localCheckpoint(
-            eager=True)
+            eager=False)
         rows, read_last, counts = read_summary(tagged, schema, order)
+        held = HeldChunk(wid, schema, tagged, order, counts)
         if bounds is None:
             outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
             last = read_last if read_last is not None else after
@@ -546,7 +631,7 @@ class Capturer:
             last = end if end is not None else (read_last if read_last is not None else after)
         deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
-            "rows": rows, "last_key": key_to_json(last),
+            "last_key": key_to_json(last),
             "final": outcome.final and not not_final,
             "capture_id": capture_id, "range_id": range_id,
             "delete_range": None if deletes is None else {
@@ -559,11 +644,10 @@ class Capturer:
             crash_point("capture.after_select")
             self.dialect.write_watermark(window.high)
             crash_point("capture.after_hw")
-            self._write_when_pinned(wid, schema, tagged, order, read_order_offsets(counts),
-                                    rows, stop)
-        finally:
+        except BaseException:
             handoff.release(self.state, wid)
-        return wid, rows, last, outcome.final
+            raise
+        return held, rows, last, outcome.final
 
     def _read_plan(self, table: TableId, after: Key | None, upper: Key | None,
                    limit: int) -> list[Key | None] | None:
@@ -581,39 +665,44 @@ class Capturer:
         return plan_chunk_reads(after, upper, limit, parts,
                                 partial(self.dialect.key_after, table))
 
-    def _write_when_pinned(self, wid: str, schema: TableSchema, tagged: DataFrame,
-                           order: str, offsets: dict[int, int], rows: int,
-                           stop: threading.Event | None) -> None:
-        """Wait for the tailer's pin of the window, write the chunk's changelog files for
-        it and publish them; again for a newer pin (another tailer took over meanwhile).
-        Returns once the files are published for the latest pin, or the window is settled
-        or the capture stopped (the tailer then aborts the window: no rows are held)."""
-        deadline = time.monotonic() + self.options.emission_timeout_s
-        written: tuple[int, str] | None = None
-        while True:
-            found = self.state.get_window(wid)
-            if found is None or found.value.status != "registered":
-                return
-            pin = handoff.read_pin(self.state, wid)
-            if pin is not None and written != (pin.batch, pin.attempt):
-                files = write_chunk_files(
-                    self.spark, self.sink.layout.changelog(schema.table),
-                    source=self.sink.layout.source, table=schema.table, chunk=tagged,
-                    key=schema.key, order_column=order, offsets=offsets, selected=rows,
-                    pin=pin)
-                crash_point("capture.before_files")
-                handoff.write_files(self.state, files)
-                written = (pin.batch, pin.attempt)
-                continue  # pinned again meanwhile? (written for the newest pin only)
-            if written is not None or (stop is not None and stop.is_set()):
-                return
-            if self.health_check is not None:
-                self.health_check()
-            if time.monotonic() >= deadline:
-                raise DblogError(
-                    f"window {wid} was not pinned within {self.options.emission_timeout_s:.0f}"
-                    "s: is a tailer running for this source? (`dblog tail`)")
-            time.sleep(min(self.options.poll_seconds, 0.02))
+    def _write_held(self, held: HeldChunk, *, stop: threading.Event | None) -> None:
+        """Wait for the tailer's pin of a held chunk's window, write the chunk's changelog
+        files for it and publish them; again for a newer pin (another tailer took over
+        meanwhile). Returns once the files are published for the latest pin, or the window
+        is settled, or the capture stopped; then the rows are no longer held (a tailer
+        that still waits aborts the window)."""
+        wid = held.window_id
+        try:
+            deadline = time.monotonic() + self.options.emission_timeout_s
+            written: tuple[int, str] | None = None
+            while True:
+                found = self.state.get_window(wid)
+                if found is None or found.value.status != "registered":
+                    return
+                pin = handoff.read_pin(self.state, wid)
+                if pin is not None and written != (pin.batch, pin.attempt):
+                    files = write_chunk_files(
+                        self.spark, self.sink.layout.changelog(held.schema.table),
+                        source=self.sink.layout.source, table=held.schema.table,
+                        chunk=held.rows, key=held.schema.key, order_column=held.order,
+                        offsets=read_order_offsets(held.counts),
+                        selected=sum(held.counts.values()), pin=pin)
+                    crash_point("capture.before_files")
+                    handoff.write_files(self.state, files)
+                    written = (pin.batch, pin.attempt)
+                    continue  # pinned again meanwhile? (written for the newest pin only)
+                if written is not None or (stop is not None and stop.is_set()):
+                    return
+                if self.health_check is not None:
+                    self.health_check()
+                if time.monotonic() >= deadline:
+                    raise DblogError(
+                        f"window {wid} was not pinned within "
+                        f"{self.options.emission_timeout_s:.0f}s: is a tailer running for "
+                        "this source? (`dblog tail`)")
+                time.sleep(min(self.options.poll_seconds, 0.02))
+        finally:
+            handoff.release(self.state, wid)
 
     def _wait(self, window_id: str, report: RangeReport,
               stop: threading.Event | None = None) -> str:

@@ -84,7 +84,7 @@ class TailConfig:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    chunk_size: int = 10_000
+    chunk_size: int = 100_000
     chunk_max_rows: int = 500_000
     chunk_target_seconds: float = 15.0
     max_in_flight: int = 4

@@ -710,9 +710,11 @@ class Tailer:
             elif (self._replay_outcomes or {}).get(wid) == "aborted":
                 reason = "aborted when this batch was first written"
         files = None
+        covered = None
         if reason is None:
             assert chunk is not None
-            found = self._hand_off(em, chunk.value, pending)
+            covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
+            found, covered = self._hand_off(em, chunk.value, pending, covered)
             if isinstance(found, str):
                 reason = found
             else:
@@ -725,14 +727,13 @@ class Tailer:
         batch = pending.table(em.window.table)
         batch.emissions.append(em)
         batch.chunks[wid] = files
-        covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
         if covered is not None:
             batch.coverage[wid] = covered
         # Advance the in-memory progress now so a later chunk of the same range in this
         # batch is judged against it; ZooKeeper gets it in the batch's commit.
         cid, rid = str(doc.extra["capture_id"]), str(doc.extra["range_id"])
         current = self._ranges[(cid, rid)]
-        rows_selected = int(chunk.value["rows"])
+        rows_selected = files.selected
         last = key_from_json(chunk.value.get("last_key"))
         new = replace(
             current.value,
@@ -745,15 +746,17 @@ class Tailer:
             wid, "emitted", extra={"rows_selected": rows_selected, "position": em.position.lsn}
         )
 
-    def _hand_off(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending
-                  ) -> ChunkFiles | str:
+    def _hand_off(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending,
+                  covered: KeyRange | None) -> tuple[ChunkFiles | str, KeyRange | None]:
         """Pin the window for this batch and wait for its capture's files; the files, or
-        why the window must be aborted.
+        why the window must be aborted; and the chunk's coverage, unless the mirror holds
+        no row in it (then the chunk can delete none: :meth:`DeltaSink.mirror_holds`).
 
         The lake first gets every column of the chunk, so that the capture can write its
-        rows in the lake's schema. The reader decodes on while this waits. Files written for
-        an earlier attempt (this tailer's predecessor died before its commit) do as well:
-        the commit writes their rows again with this attempt's tags."""
+        rows in the lake's schema. The reader decodes on while this waits, and the mirror
+        is looked at meanwhile. Files written for an earlier attempt (this tailer's
+        predecessor died before its commit) do as well: the commit writes their rows again
+        with this attempt's tags."""
         wid = em.window.window_id
         table = em.window.table
         columns = handoff.columns_from_json(table, chunk.get("key") or (), chunk.get("columns"))
@@ -766,13 +769,15 @@ class Tailer:
         self.state.check_leader()
         handoff.write_pin(self.state, pin)
         crash_point("tail.after_pin")
+        if covered is not None and not self.sink.mirror_holds(table, covered):
+            covered = None
         found = self._await_files(pin)
         if isinstance(found, str) and (self._replay_outcomes or {}).get(wid) == "emitted":
             raise DblogError(
                 f"batch {pin.batch} was written with window {wid} emitted, but its chunk "
                 f"cannot be had again ({found}); run `dblog tail --from-head` and a capture "
                 "of the table to start over")
-        return found
+        return found, covered
 
     def _await_files(self, pin: ChunkPin) -> ChunkFiles | str:
         """The capture's files for ``pin`` (or an earlier pin's, once no capture holds the

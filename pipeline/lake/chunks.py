@@ -50,16 +50,35 @@ def keys_frame(spark: SparkSession, keys: Sequence[Key], key: Sequence[str],
     return spark.createDataFrame(values, schema, verifySchema=False)
 
 
-def _index_in_key_order(order_column: str, offsets: Mapping[int, int]) -> SparkColumn:
-    """A row's 0-based index in the chunk's key order, from its read-order tag."""
-    order = F.col(quote_ident(order_column))
+_PIN_FIELDS = ("lsn BIGINT", "seq BIGINT", "window STRING", "batch BIGINT", "attempt STRING",
+               "commit_ts_ms BIGINT", "offsets ARRAY<BIGINT>")
+
+
+def _pin_parameters(spark: SparkSession, pin: ChunkPin, offsets: Mapping[int, int],
+                    taken: Sequence[str]) -> tuple[DataFrame, dict[str, SparkColumn]]:
+    """The pin's values as a one-row DataFrame to join to the chunk's rows, and a column for
+    each: not literals, which Spark compiles into its generated code, so that every chunk
+    would compile (and the JVM's JIT compile again) new classes. Named apart from the
+    chunk's ``taken`` columns."""
+    prefix = "_dblog_pin_"
+    lowered = {c.lower() for c in taken}
+    while any(c.lower().startswith(prefix) for c in lowered):
+        prefix += "_"
+    parts = max(offsets, default=-1) + 1
+    row = (pin.lsn, pin.seq + 1, pin.window_id, pin.batch, pin.attempt, pin.commit_ts_ms,
+           [offsets.get(p, 0) for p in range(parts)])
+    ddl = ", ".join(prefix + f for f in _PIN_FIELDS)
+    names = [f.split()[0] for f in _PIN_FIELDS]
+    return (spark.createDataFrame([row], ddl),
+            {n: F.col(quote_ident(prefix + n)) for n in names})
+
+
+def _index_in_key_order(order: SparkColumn, offsets: SparkColumn) -> SparkColumn:
+    """A row's 0-based index in the chunk's key order, from its read-order tag and the rows
+    read before each read partition."""
     part = F.shiftright(order, PARTITION_SHIFT)
-    base: SparkColumn | None = None
-    for p, offset in sorted(offsets.items()):
-        base = (F.when(part == p, F.lit(offset)) if base is None
-                else base.when(part == p, F.lit(offset)))
-    base = F.lit(0) if base is None else base
-    index: SparkColumn = base + order.bitwiseAND(F.lit(_ROW_MASK))
+    index: SparkColumn = (F.element_at(offsets, (part + 1).cast(T.IntegerType()))
+                          + order.bitwiseAND(F.lit(_ROW_MASK)))
     return index.cast(T.LongType())
 
 
@@ -101,6 +120,8 @@ def write_chunk_files(
     it pins); lake columns the chunk lacks are written null, and values take the lake's
     types (a lake column may be wider than the source's)."""
     txn = DeltaTxn(spark, changelog)
+    if not selected:
+        return ChunkFiles(pin.window_id, pin.batch, pin.attempt, txn.table_id, (), 0, 0)
     schema = T.StructType.fromJson(json.loads(txn.schema_json))
     after_type = schema["after"].dataType
     assert isinstance(after_type, T.StructType)
@@ -109,8 +130,9 @@ def write_chunk_files(
         types = {f.name: f.dataType for f in after_type.fields}
         dropped = keys_frame(spark, pin.dropped_keys, key, types)
         rows = rows.join(F.broadcast(dropped), on=list(key), how="left_anti")
-    commit_ts = (F.lit(None) if pin.commit_ts_ms is None
-                 else F.timestamp_millis(F.lit(int(pin.commit_ts_ms))))
+    parameters, p = _pin_parameters(spark, pin, offsets, chunk.columns)
+    rows = rows.crossJoin(F.broadcast(parameters))
+    commit_ts = F.timestamp_millis(p["commit_ts_ms"])
     source_type = schema["source"].dataType
     assert isinstance(source_type, T.StructType)
     columns: dict[str, SparkColumn] = {
@@ -121,12 +143,12 @@ def write_chunk_files(
             F.lit(source).alias("name"), F.lit(table.database).alias("database"),
             F.lit(table.table).alias("table"), commit_ts.cast(T.TimestampType())
             .alias("commit_ts")).cast(source_type),
-        "_dblog_lsn": F.lit(pin.lsn).cast(T.LongType()),
-        "_dblog_seq": F.lit(pin.seq + 1).cast(T.LongType())
-        + _index_in_key_order(order_column, offsets),
-        WINDOW_COLUMN: F.lit(pin.window_id),
-        "_dblog_batch": F.lit(pin.batch).cast(T.LongType()),
-        ATTEMPT_COLUMN: F.lit(pin.attempt),
+        "_dblog_lsn": p["lsn"],
+        "_dblog_seq": p["seq"] + _index_in_key_order(F.col(quote_ident(order_column)),
+                                                     p["offsets"]),
+        WINDOW_COLUMN: p["window"],
+        "_dblog_batch": p["batch"],
+        ATTEMPT_COLUMN: p["attempt"],
     }
     unknown = [f.name for f in schema.fields if f.name not in columns]
     if unknown:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from pipeline.errors import DblogError
@@ -99,11 +99,33 @@ class DeltaTxn:
         """The table's schema, as Spark's JSON."""
         return str(self._txn.metadata().schema().json())
 
+    @property
+    def file_count(self) -> int:
+        """The table's data files (from the commit's checksum when Delta wrote one)."""
+        return int(self._txn.snapshot().numOfFiles())
+
     def configuration(self) -> dict[str, str]:
         """The table's properties (constraints included: ``delta.constraints.<name>``)."""
         conf = self._txn.metadata().configuration()
         as_java = _jvm(self.spark).scala.jdk.javaapi.CollectionConverters.asJava(conf)
         return {str(k): str(as_java.get(k)) for k in as_java.keySet().toArray()}
+
+    def files_where(self, condition: Column) -> int:
+        """How many of the table's files may hold rows where ``condition`` holds (by their
+        partition values and statistics), read as part of this transaction: a concurrent
+        commit that adds such files makes :meth:`commit` fail."""
+        execution = self.spark.read.format("delta").load(self.path).where(condition) \
+            ._jdf.queryExecution()
+        # Filter(condition, <the table's scan>). Optimized: data skipping needs the bounds
+        # as plain literals (a CAST of one is folded only there); analyzed when the
+        # optimizer took the filter away (always true or false: reading every file is safe).
+        plan = execution.optimizedPlan()
+        if plan.nodeName() != "Filter":
+            plan = execution.analyzed()
+        predicate = plan.condition()
+        # (filters, keepNumRecords): the one-argument overloads take files, not filters.
+        files = self._txn.filterFiles(_scala_seq(self.spark, [predicate]), False)
+        return int(files.size())
 
     def write_files(self, df: DataFrame) -> list[str]:
         """Write ``df`` as data files of the table, committing nothing; their ``add``

@@ -24,6 +24,7 @@ The writer's idempotent-DML settings live in its own session, set only around it
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -63,6 +64,8 @@ from pipeline.lake.types import (
 )
 from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
+
+log = logging.getLogger(__name__)
 
 META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
 RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
@@ -371,6 +374,9 @@ class DeltaSink:
         # mirror away from a running MERGE.
         self._mirror_spark = spark.newSession()
         self.mirror_lock = threading.RLock()
+        self._schema_lock = threading.RLock()
+        """Table creation and schema changes, one at a time (a capture thread may create the
+        tables beside the tailer's thread)."""
         self.layout = layout
         self._columns: dict[TableId, list[Column]] = {}
         self._ensured: dict[TableId, TableSchema] = {}
@@ -408,11 +414,30 @@ class DeltaSink:
             self._keys[table] = tuple(meta)
         return self._columns.get(table, [])
 
+    def ensure_tables(self, schema: TableSchema) -> None:
+        """Create the table's Delta tables if the lake has none yet, and nothing else: what
+        a capture may do before the tailer writes (an empty table holds no change; schema
+        changes stay with the tailer, the tables' one writer). A concurrent creation (the
+        tailer's, another process's) is taken as done."""
+        with self._schema_lock:
+            if self.known_columns(schema.table):
+                return
+            try:
+                self.ensure_schema(schema)
+            except Exception:
+                self._columns.pop(schema.table, None)
+                if not self.known_columns(schema.table):
+                    raise
+
     def ensure_schema(self, schema: TableSchema) -> None:
         """Create the table's Delta tables, or add the columns they do not have yet.
 
         Refuses a schema with a column of a :data:`RESERVED_COLUMNS` name, before any change
         to the lake."""
+        with self._schema_lock:
+            self._ensure_schema(schema)
+
+    def _ensure_schema(self, schema: TableSchema) -> None:
         table = schema.table
         if self._ensured.get(table) == schema:  # the lake only gains columns and widens
             return
@@ -659,9 +684,9 @@ class DeltaSink:
     ) -> DataFrame | None:
         """The ``d`` rows of an emission with coverage: mirror keys in the range its chunk
         read completely that the chunk lacks, at the high watermark, numbered in key order
-        after every row the chunk selected. None when there can be none: no coverage, a
-        truncate before it, or a mirror without a row in the range (a capture into keys
-        the mirror lacks).
+        after every row the chunk selected. None when there can be none: no coverage, or a
+        truncate before it. (The tailer gives no coverage where :meth:`mirror_holds` found
+        no row when it pinned the window.)
 
         Keys the window dropped, keys this batch's log events change before the high
         watermark (the mirror row is stale for them; a log ``d`` already says when one went
@@ -680,12 +705,6 @@ class DeltaSink:
                     .select(*[_key_value(k) for k in key]).where(in_range))
         in_mirror = self.spark.read.format("delta").load(self.layout.mirror(table)) \
             .where(in_range)
-        # A mirror without a row in the range loses none. The same as computing the deletes
-        # at this moment (read after the unmerged rows' bound, like them): a merge that
-        # lands in between only adds rows of keys the chunk holds, was told of (dropped,
-        # changed) or saw deleted.
-        if not in_mirror.limit(1).count():
-            return None
         chunk_keys = files_dataframe(self.spark, self.layout.changelog(table), files.actions) \
             .select(*[F.col("after").getField(k).alias(k) for k in key])
         gone = in_mirror.join(chunk_keys, on=list(key), how="left_anti")
@@ -716,6 +735,28 @@ class DeltaSink:
             F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
             F.lit(attempt).alias(ATTEMPT_COLUMN),
         ).coalesce(1)
+
+    def mirror_holds(self, table: TableId, key_range: KeyRange) -> bool:
+        """Whether the mirror holds a row in ``key_range`` (a capture's coverage).
+
+        A mirror without one then never has a row a chunk of that range can prove gone:
+        a merge that lands later only adds rows of keys the chunk holds, was told of
+        (dropped, changed before its high watermark) or saw deleted. So the tailer asks
+        at the high watermark, while the capture writes the chunk's files."""
+        columns = self.known_columns(table)
+        if not columns or not self._exists(self.layout.mirror(table)):
+            return False
+        key = self.key_columns(table)
+        types = {c.name: spark_type(c.spark_type) for c in columns}
+        in_range = key_range_predicate(key, key_range, [types[k] for k in key])
+        path = self.layout.mirror(table)
+        # A mirror without files (a first capture), then the files' key statistics: a
+        # capture into new keys reads no data file.
+        txn = DeltaTxn(self.spark, path)
+        if not txn.file_count or not txn.files_where(in_range):
+            return False
+        mirror = self.spark.read.format("delta").load(path)
+        return bool(mirror.where(in_range).limit(1).count())
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""
@@ -815,12 +856,31 @@ class DeltaSink:
         """
         table = tb.table
         path = self.layout.changelog(table)
+        try:
+            return self._write_share(tb, columns, key, batch, attempt, metadata)
+        except Exception as exc:
+            if self._fenced_off(path, attempt.id):
+                raise LeadershipLost(
+                    f"batch {batch} of {table} was fenced off: another tailer took this "
+                    "batch over, so this one stops writing") from exc
+            raise
+
+    def _write_share(
+        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
+        attempt: WriteAttempt, metadata: Mapping[str, Any],
+    ) -> dict[str, tuple[int, int]]:
+        """:meth:`_commit_changelog`'s transaction (the fence's refusal raises)."""
+        path = self.layout.changelog(tb.table)
         txn = DeltaTxn(self.spark, path)
         actions: list[str] = []
         counts: dict[str, tuple[int, int]] = {}
         if tb.events or tb.truncates:
-            actions += txn.write_files(
-                self._events_df(tb, columns, batch, attempt.id).coalesce(1))
+            events = self._events_df(tb, columns, batch, attempt.id)
+            # One file in position order: log events come in log order, partition after
+            # partition (joined without a shuffle); truncates are sorted in among them.
+            events = (events.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
+                      if tb.truncates else events.coalesce(1))
+            actions += txn.write_files(events)
         for em in tb.emissions:
             wid = em.window.window_id
             files = tb.chunks[wid]
@@ -837,18 +897,14 @@ class DeltaSink:
             counts[wid] = (action_rows(chunk), action_rows(deleted))
         if not actions:
             return counts  # nothing to add (chunks without rows): no commit
+        # A chunk's files are added without passing through the writer, which enforces the
+        # fence on the rows it writes: the transaction's own metadata says it here (a fence
+        # added after it read conflicts with its commit).
         fences = [k for k, v in txn.configuration().items()
                   if k.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt.id in v]
-        try:
-            if fences:
-                raise DblogError(f"{path} refuses attempt {attempt.id} ({fences[0]})")
-            txn.commit(actions, metadata)
-        except Exception as exc:
-            if self._fenced_off(path, attempt.id):
-                raise LeadershipLost(
-                    f"batch {batch} of {table} was fenced off: another tailer took this "
-                    "batch over, so this one stops writing") from exc
-            raise
+        if fences:
+            raise DblogError(f"{path} refuses attempt {attempt.id} ({fences[0]})")
+        txn.commit(actions, metadata)
         return counts
 
     # ---- the mirror follows the changelog ------------------------------------------------
@@ -861,24 +917,30 @@ class DeltaSink:
         return self._mirror_lsn[table]
 
     def _recorded_mirror_lsn(self, table: TableId) -> int:
-        """The mark of the mirror's latest MERGE; the floor when it has none (a new table,
-        or one whose every merge was lost: then every changelog row is merged again, which
-        the MERGE's position guard makes harmless)."""
+        """The mark of the mirror's latest merge (a MERGE, or an append of new chunks' rows
+        that merged everything); the floor when it has none (a new table, or one whose every
+        merge was lost: then every changelog row is merged again, which the MERGE's position
+        guard makes harmless)."""
         from delta.tables import DeltaTable
 
         path = self.layout.mirror(table)
         if not self._exists(path):
             return _LSN_FLOOR
         history = (DeltaTable.forPath(self._mirror_spark, path).history()
-                   .where(F.col("operation") == "MERGE")
-                   .select("version", "userMetadata").orderBy(F.desc("version")))
+                   .where(F.col("operation").isin("MERGE", "WRITE"))
+                   .select("version", "operation", "userMetadata")
+                   .orderBy(F.desc("version")))
         for row in history.toLocalIterator():
             try:
                 found = json.loads(row["userMetadata"] or "{}")
             except ValueError:
                 continue
+            if not isinstance(found, dict):
+                continue
+            # A MERGE of the code before deferred merges recorded only dblog.to_lsn; an
+            # append of new chunks' rows carries the mark when it merged everything.
             mark = found.get(MIRROR_LSN, found.get("dblog.to_lsn")) \
-                if isinstance(found, dict) else None
+                if row["operation"] == "MERGE" else found.get(MIRROR_LSN)
             if isinstance(mark, int):
                 return mark
         return _LSN_FLOOR
@@ -931,6 +993,21 @@ class DeltaSink:
         assert summary is not None
         mark = int(through_lsn if through_lsn is not None else summary["top"])
         truncated = summary["truncated"]
+        if truncated is None:
+            began = time.monotonic()
+            appended, appended_rows = self._append_fresh_chunks(table, changes, metadata, mark,
+                                                                rows)
+            if appended:
+                log.info("mirror of %s: %d rows of %d new chunks appended in %.2fs; %d "
+                         "changes left to merge", table, appended_rows, len(appended),
+                         time.monotonic() - began, rows - appended_rows)
+            if appended_rows == rows:
+                self._mirror_lsn[table] = mark
+                self._note_merged_through(table, mark)
+                return rows
+            if appended:
+                changes = changes.where(~(F.col(WINDOW_COLUMN).isin(sorted(appended))
+                                          & (F.col("op") == Op.READ.value)))
 
         def merge() -> None:
             with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id, self._mirror_spark):
@@ -947,6 +1024,60 @@ class DeltaSink:
         self._mirror_lsn[table] = mark
         self._note_merged_through(table, mark)
         return rows
+
+    def _append_fresh_chunks(self, table: TableId, changes: DataFrame,
+                             metadata: Mapping[str, Any], mark: int, rows: int
+                             ) -> tuple[set[str], int]:
+        """Append the ``r`` rows of every chunk among ``changes`` whose key span the mirror
+        holds no row in, in one commit, instead of merging them; the windows appended and
+        their rows. That commit carries the merge's mark when it holds all ``rows``.
+
+        The same as merging them first: a MERGE would insert every one of them (no mirror
+        row has their keys), and the changes merged after them apply by position as they
+        would have (older ones lose to a chunk row, newer ones win, a delete removes it).
+        The mirror is read inside the append's transaction: a writer that adds a row in
+        such a span meanwhile (a tailer that lost its lock, merging late) makes the commit
+        fail, and then every change is merged."""
+        key = self.key_columns(table)
+        first = key[0]
+        chunk_rows = changes.where(F.col(WINDOW_COLUMN).isNotNull()
+                                   & (F.col("op") == Op.READ.value))
+        spans = chunk_rows.groupBy(WINDOW_COLUMN).agg(
+            F.min(F.col("after").getField(first)).alias("low"),
+            F.max(F.col("after").getField(first)).alias("high"),
+            F.count(F.lit(1)).alias("rows"),
+        ).collect()
+        if not spans:
+            return set(), 0
+        columns = self.known_columns(table)
+        dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
+        target = F.col(quote_ident(first))
+        path = self.layout.mirror(table)
+        txn = DeltaTxn(self._mirror_spark, path)
+        fresh: dict[str, tuple[Any, Any, int]] = {}
+        for span in sorted(spans, key=lambda r: str(r[WINDOW_COLUMN])):
+            low, high = span["low"], span["high"]
+            overlaps = any(not (high < lo or low > hi) for lo, hi, _ in fresh.values())
+            if overlaps or txn.files_where(
+                    (target >= _literal(low, dtype)) & (target <= _literal(high, dtype))):
+                continue
+            fresh[str(span[WINDOW_COLUMN])] = (low, high, int(span["rows"]))
+        if not fresh:
+            return set(), 0
+        schema = T.StructType.fromJson(json.loads(txn.schema_json))
+        appended = sum(n for _, _, n in fresh.values())
+        new_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(fresh))).select(*[
+            (F.col(f.name) if f.name in META_COLUMNS
+             else F.col("after").getField(f.name)).cast(f.dataType).alias(f.name)
+            for f in schema.fields])
+        meta = {**metadata, MIRROR_LSN: mark} if appended == rows else dict(metadata)
+        try:
+            txn.commit(txn.write_files(new_rows), meta)
+        except Exception as exc:
+            if "Concurrent" not in type(exc).__name__ + str(exc):
+                raise
+            return set(), 0  # another writer in a span: everything is merged instead
+        return set(fresh), appended
 
     @staticmethod
     def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:

@@ -440,11 +440,11 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
         def note(request: CaptureRequest, after: Any, upper: Any) -> dict[str, Any]:
             capture_id = capturer.plan(request)
             range_id = next(iter(rt.state.list_ranges(capture_id)))
-            wid, _, _, _ = capturer._chunk(capture_id, range_id, table, schema, after, upper,
-                                           request.keys, request.where, 25)
-            found = rt.state.get(chunk_path(wid))
+            held, rows, _, _ = capturer._chunk(capture_id, range_id, table, schema, after,
+                                               upper, request.keys, request.where, 25)
+            found = rt.state.get(chunk_path(held.window_id))
             assert found is not None
-            return found.value
+            return {**found.value, "rows": rows}
 
         full = note(CaptureRequest((table,)), None, (40,))
         assert (full["rows"], full["final"]) == (25, False)

@@ -1,22 +1,26 @@
-"""The Delta sink driven directly (no database): staging isolation, crash-safe schema
-evolution, type coercion, non-Spark readers, capture deletes and truncates."""
+"""The Delta sink driven directly (no database): chunks written once and committed as
+written, crash-safe schema evolution, type coercion, non-Spark readers, capture deletes,
+truncates and the mirror."""
 
 from __future__ import annotations
 
 import json
-import threading
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Op, Position, TableId
+from pipeline.handoff import ChunkFiles, ChunkPin
+from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.sink import ATTEMPT_COLUMN, MIRROR_LSN, DeltaSink, TableBatch, WriteAttempt
 from pipeline.lake.types import quote_ident
 from pipeline.sources.base import Column, TableSchema
+from pipeline.window import ChunkEmission
 
 pytestmark = pytest.mark.integration
 
@@ -43,38 +47,92 @@ def history(spark: Any, path: str) -> list[Any]:
     return list(spark.sql(f"DESCRIBE HISTORY delta.{quote_ident(path)}").collect())
 
 
-# ---- 1. staging never shares the ordered writer's session settings ----------------------
+def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> ChunkEmission:
+    from pipeline.events import Window
+
+    window = Window(wid, table, low=f"{wid}-lw", high=f"{wid}-hw")
+    return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
 
 
-def test_staging_inside_a_writer_txn_is_neither_skipped_nor_tagged(
+def chunk(spark: Any, sink: DeltaSink, em: ChunkEmission, selected: list[tuple[Any, ...]],
+          batch: int, attempt: WriteAttempt, *, ddl: str = "id INT, name STRING",
+          key: tuple[str, ...] = ("id",), parts: int = 1) -> ChunkFiles:
+    """Play a capture's part: ``selected`` rows (in any order), read in key order by
+    ``parts`` selects and held, written as the changelog files the pin of ``em`` for
+    ``batch`` and ``attempt`` asks for (nothing committed)."""
+    table = em.window.table
+    df = spark.createDataFrame(sorted(selected), ddl)
+    df = (df.repartitionByRange(parts, *key) if parts > 1 else df.coalesce(1)) \
+        .sortWithinPartitions(*key)
+    tagged = df.withColumn("_o", F.monotonically_increasing_id()).localCheckpoint()
+    counts = {int(r[0]): int(r[1]) for r in tagged.groupBy(
+        F.shiftright("_o", PARTITION_SHIFT)).count().collect()}
+    pin = ChunkPin(em.window.window_id, batch, attempt.id, em.position.lsn, em.position.seq,
+                   em.commit_ts_ms, tuple(em.dropped_keys))
+    return write_chunk_files(spark, sink.layout.changelog(table), source=sink.layout.source,
+                             table=table, chunk=tagged, key=key, order_column="_o",
+                             offsets=read_order_offsets(counts), selected=len(selected),
+                             pin=pin)
+
+
+def emit(spark: Any, sink: DeltaSink, batch: int, emissions: list[tuple[ChunkEmission, list[
+        tuple[Any, ...]]]], *, events: list[ChangeEvent] | None = None,
+         coverage: dict[str, Any] | None = None, truncates: list[Position] | None = None,
+         metadata: dict[str, Any] | None = None, merge_mirror: bool = True,
+         table: TableId | None = None, **chunk_options: Any) -> list[tuple[str, int, int]]:
+    """A batch of ``emissions`` (each with its selected rows), written the way the tailer
+    writes it: each chunk's files by its capture for the batch's attempt, then the batch.
+    Each emission's (window, rows emitted, rows deleted)."""
+    attempt = WriteAttempt()
+    tbl = table or (emissions[0][0].window.table if emissions else TABLE)
+    tb = TableBatch(tbl, events or [], emissions=[em for em, _ in emissions],
+                    coverage=coverage or {}, truncates=truncates or [])
+    for em, selected in emissions:
+        tb.chunks[em.window.window_id] = chunk(spark, sink, em, selected, batch, attempt,
+                                               **chunk_options)
+    _, results = sink.write_table_batch(tb, batch, metadata or {}, attempt=attempt,
+                                        merge_mirror=merge_mirror)
+    return [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results]
+
+
+def named(ids: list[int], prefix: str = "r") -> list[tuple[Any, ...]]:
+    return [(i, f"{prefix}{i}") for i in ids]
+
+
+# ---- 1. chunks written once -----------------------------------------------------------
+
+
+def test_a_chunk_is_written_once_and_its_files_are_committed_as_written(
     spark: Any, tmp_path: Path
 ) -> None:
+    """The capture's files change nothing until the batch's commit adds them: no version,
+    no row; that commit adds exactly those files (no rewrite) beside the batch's events."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-
-    def chunk(ids: list[int]) -> Any:
-        return spark.createDataFrame([(i, f"n{i}") for i in ids], "id INT, name STRING")
-
-    sink.stage_chunk(chunk([1, 2]), "w1", TABLE)
-    sink.stage_chunk(chunk([3]), "w2", TABLE)
-    errors: list[BaseException] = []
-
-    def capture_thread() -> None:
-        try:
-            sink.drop_staged(TABLE, ["w1"])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    with sink._txn(5, {"dblog.batch": 5}):
-        worker = threading.Thread(target=capture_thread)
-        worker.start()
-        worker.join()
-        sink.drop_staged(TABLE, ["w2"])  # the same thread too
-    assert not errors
-    staging = sink.layout.staging(TABLE)
-    assert rows(spark, staging) == []
-    for commit in history(spark, staging):
-        assert "dblog.batch" not in (commit["userMetadata"] or "")
+    path = sink.layout.changelog(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 9, 100)]), 1, {})
+    version = history(spark, path)[0]["version"]
+    attempt = WriteAttempt()
+    em = _emission(TABLE, "w1", 500, {(2,)})
+    files = chunk(spark, sink, em, named([4, 1, 3, 2]), 2, attempt, parts=2)
+    assert history(spark, path)[0]["version"] == version
+    assert len(rows(spark, path)) == 1
+    assert files.rows == 3 and files.selected == 4
+    tb = TableBatch(TABLE, [ev(Op.CREATE, 7, 400)], emissions=[em], chunks={"w1": files})
+    _, results = sink.write_table_batch(tb, 2, {}, attempt=attempt)
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(3, 0)]
+    added = {json.loads(a)["add"]["path"] for a in files.actions}
+    log = [json.loads(line) for line in
+           Path(path, "_delta_log", f"{version + 1:020d}.json").read_text().splitlines()]
+    committed = {a["add"]["path"] for a in log if "add" in a}
+    assert added < committed and len(committed) == len(added) + 1  # + the events' file
+    batch2 = sorted((r for r in rows(spark, path) if r["_dblog_batch"] == 2),
+                    key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
+    assert [(r["op"], r["_dblog_lsn"], r["_dblog_seq"], (r["after"] or {})["id"])
+            for r in batch2] == [("c", 400, 0, 7), ("r", 500, 1, 1), ("r", 500, 3, 3),
+                                 ("r", 500, 4, 4)]
+    assert {r[ATTEMPT_COLUMN] for r in batch2} == {attempt.id}
+    assert {r["_dblog_window_id"] for r in batch2 if r["op"] == "r"} == {"w1"}
 
 
 @pytest.mark.parametrize("name", ["_dblog_lsn", "_DBLOG_SEQ", "_dblog_window_id"])
@@ -82,9 +140,9 @@ def test_a_column_named_like_the_lakes_own_is_refused_with_what_to_do(
     spark: Any, tmp_path: Path, name: str
 ) -> None:
     """The mirror keeps its position in ``_dblog_lsn`` / ``_dblog_seq`` beside the table's
-    columns and staging its window in ``_dblog_window_id`` (Spark compares names without
-    case): a source column of such a name is refused by name, with what to do, before any
-    table is made, and a DDL adding one changes nothing in the lake."""
+    columns, and the changelog a chunk row's window in ``_dblog_window_id`` (Spark compares
+    names without case): a source column of such a name is refused by name, with what to
+    do, before any table is made, and a DDL adding one changes nothing in the lake."""
     sink = make_sink(spark, tmp_path)
     clashing = TableSchema(TABLE, (*SCHEMA.columns, Column(name, "INT")), ("id",))
     with pytest.raises(DblogError, match=f"{name}.*reserve.*rename it in the source"):
@@ -97,27 +155,26 @@ def test_a_column_named_like_the_lakes_own_is_refused_with_what_to_do(
     assert [c.name for c in make_sink(spark, tmp_path).known_columns(TABLE)] == ["id", "name"]
 
 
-def test_dropping_staged_windows_removes_their_files_and_rewrites_nothing(
+def test_files_written_for_an_earlier_attempt_are_written_again_with_this_ones_tags(
     spark: Any, tmp_path: Path
 ) -> None:
-    """Staging is partitioned by window: a settled window's rows go with a commit that only
-    removes its files (no scan, no rewrite), and an emission reads only its own files."""
-    from delta.tables import DeltaTable
-
+    """A tailer died after its pin was written for: its successor's commit reads those
+    files and writes the same rows with its own batch and attempt (the positions come from
+    the log, so they are the same)."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    for wid, ids in (("w1", [1, 2]), ("w2", [3, 4]), ("w3", [5])):
-        sink.stage_chunk(spark.createDataFrame([(i, f"n{i}") for i in ids], "id INT, name STRING"),
-                         wid, TABLE)
-    staging = sink.layout.staging(TABLE)
-    detail = DeltaTable.forPath(spark, staging).detail().first()
-    assert detail is not None and list(detail["partitionColumns"]) == ["_dblog_window_id"]
-    sink.drop_staged(TABLE, ["w1", "w3"])
-    delete = history(spark, staging)[0]
-    assert delete["operation"] == "DELETE"
-    metrics = delete["operationMetrics"]
-    assert metrics.get("numAddedFiles", "0") == "0" and int(metrics["numRemovedFiles"]) >= 2
-    assert sorted(r["id"] for r in rows(spark, staging)) == [3, 4]
+    em = _emission(TABLE, "w1", 500, {(2,)})
+    earlier = chunk(spark, sink, em, named([1, 2, 3]), 4, WriteAttempt())
+    attempt = WriteAttempt()
+    tb = TableBatch(TABLE, emissions=[em], chunks={"w1": earlier})
+    _, results = sink.write_table_batch(tb, 5, {}, attempt=attempt)
+    assert [r.rows_emitted for r in results] == [2]
+    log = sorted(rows(spark, sink.layout.changelog(TABLE)), key=lambda r: r["_dblog_seq"])
+    assert [(r["_dblog_seq"], r["after"]["id"], r["_dblog_batch"], r[ATTEMPT_COLUMN])
+            for r in log] == [(1, 1, 5, attempt.id), (3, 3, 5, attempt.id)]
+    committed = {json.loads(a)["add"]["path"] for a in earlier.actions}
+    assert not committed & set(spark.read.format("delta").load(
+        sink.layout.changelog(TABLE)).inputFiles())
 
 
 def test_a_batch_carries_its_markers_and_a_replay_of_a_landed_attempt_writes_nothing(
@@ -356,14 +413,6 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
 # ---- 5. capture deletes: mirror keys a complete chunk read did not return -----------------
 
 
-def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> Any:
-    from pipeline.events import Window
-    from pipeline.window import ChunkEmission
-
-    window = Window(wid, table, low=f"{wid}-lw", high=f"{wid}-hw")
-    return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
-
-
 def _read_backs(sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The changelog versions the sink reads emission counts back from, as it reads them."""
     reads: list[int] = []
@@ -377,65 +426,44 @@ def _read_backs(sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return reads
 
 
-def test_an_emission_alone_is_counted_by_its_commit_and_a_mixed_batch_by_its_rows(
+def test_emission_counts_come_from_the_files_statistics_not_the_changelog(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A batch of one emission without coverage is all ``r`` rows of one window: its count
-    is the commit's ``numOutputRows``, with no read back. Anything else (log events beside,
-    two emissions) is counted from the committed rows."""
-    sink = make_sink(spark, tmp_path)
-    sink.ensure_schema(SCHEMA)
-    reads = _read_backs(sink, monkeypatch)
-
-    def stage(wid: str, ids: list[int]) -> None:
-        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
-                         wid, TABLE)
-
-    stage("w1", [1, 2, 3, 4])
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, {(2,)})]), 1, {})
-    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 3, 0)]
-    assert reads == []
-    stage("w2", [5, 6])
-    stage("w3", [7])
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, [ev(Op.CREATE, 9, 600)],
-                   emissions=[_emission(TABLE, "w2", 601, set()),
-                              _emission(TABLE, "w3", 602, set())]), 2, {})
-    assert [(r.window_id, r.rows_emitted) for r in results] == [("w2", 2), ("w3", 1)]
-    assert len(reads) == 1
-    stage("w4", [])
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w4", 700, set())]), 3, {})
-    assert [(r.window_id, r.rows_emitted) for r in results] == [("w4", 0)]
-
-
-def test_a_covered_emission_over_keys_the_mirror_lacks_is_reads_only_and_counted_by_its_commit(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A capture into a new key range: the mirror holds no row in the chunk's coverage, so
-    the chunk can delete nothing; its emission is its ``r`` rows and its commit's row count
-    is its count. Where the mirror does hold rows, the deletes are still emitted."""
+    """An emission's ``r`` rows are counted by its files' statistics and its ``d`` rows by
+    the deletes' files: nothing is read back, whatever the batch holds beside it."""
     from pipeline.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (20, 21)]),
+                           1, {})
     reads = _read_backs(sink, monkeypatch)
-
-    def emit(wid: str, ids: list[int], lsn: int, covered: KeyRange, batch: int) -> Any:
-        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
-                         wid, TABLE)
-        _, results = sink.write_table_batch(
-            TableBatch(TABLE, emissions=[_emission(TABLE, wid, lsn, set())],
-                       coverage={wid: covered}), batch, {})
-        return [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results]
-
-    assert emit("w1", [11, 12, 13], 500, KeyRange((10,), (20,)), 2) == [("w1", 3, 0)]
+    monkeypatch.setattr(sink, "_find_commit", lambda *a: pytest.fail("history read"))
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(2,)}), named([1, 2, 3, 4]))]) \
+        == [("w1", 3, 0)]
+    assert emit(spark, sink, 3, [(_emission(TABLE, "w2", 601, set()), named([5, 6])),
+                                 (_emission(TABLE, "w3", 602, set()), named([7]))],
+                events=[ev(Op.CREATE, 9, 600)]) == [("w2", 2, 0), ("w3", 1, 0)]
+    assert emit(spark, sink, 4, [(_emission(TABLE, "w4", 700, set()), [])]) == [("w4", 0, 0)]
+    assert emit(spark, sink, 5, [(_emission(TABLE, "w5", 800, set()), named([20]))],
+                coverage={"w5": KeyRange((19,), (22,))}) == [("w5", 1, 1)]
     assert reads == []
-    assert emit("w2", [1], 600, KeyRange((0,), (5,)), 3) == [("w2", 1, 1)]
-    assert len(reads) == 1
-    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 11, 12, 13]
+
+
+def test_the_mirror_holds_rows_in_a_coverage_or_not(spark: Any, tmp_path: Path) -> None:
+    """Where the mirror holds no row in a chunk's coverage (a capture into new keys) the
+    chunk can delete none: the tailer then gives it no coverage."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    assert not sink.mirror_holds(TABLE, KeyRange(None, None))  # no lake table yet
+    sink.ensure_schema(SCHEMA)
+    assert not sink.mirror_holds(TABLE, KeyRange(None, None))
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    assert sink.mirror_holds(TABLE, KeyRange((0,), (5,)))
+    assert sink.mirror_holds(TABLE, KeyRange((1,), None))
+    assert not sink.mirror_holds(TABLE, KeyRange((2,), (20,)))
+    assert not sink.mirror_holds(TABLE, KeyRange(None, (0,)))
 
 
 def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
@@ -447,21 +475,19 @@ def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(
         TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in range(1, 12)]), 1, {})
-    chunk = [i for i in range(1, 11) if i not in (3, 7)]
-    sink.stage_chunk(
-        spark.createDataFrame([(i, f"r{i}") for i in chunk], "id INT, name STRING"), "w1", TABLE)
-    em = _emission(TABLE, "w1", 500, {(7,)})
-    batch = TableBatch(TABLE, emissions=[em], coverage={"w1": KeyRange((0,), (10,))})
-    _, results = sink.write_table_batch(batch, 2, {})
-    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 8, 1)]
+    selected = named([i for i in range(1, 11) if i != 3])
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(7,)}), selected)],
+                coverage={"w1": KeyRange((0,), (10,))}) == [("w1", 8, 1)]
     mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
     assert sorted(mirror) == [1, 2, 4, 5, 6, 7, 8, 9, 10, 11]  # 3 gone, 7 dropped, 11 outside
     assert mirror[7] == "n7" and mirror[11] == "n11" and mirror[1] == "r1"
     log = sorted((r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2),
                  key=lambda r: r["_dblog_seq"])
+    # the nine selected rows take 1-9 (7, dropped, leaves 6 unused); the delete comes after
     assert [(r["op"], r["_dblog_seq"]) for r in log] == [
-        ("r", 1), ("r", 2), ("d", 3), ("r", 4), ("r", 5), ("r", 6), ("r", 7), ("r", 8), ("r", 9)]
-    gone = log[2]
+        ("r", 1), ("r", 2), ("r", 3), ("r", 4), ("r", 5), ("r", 7), ("r", 8), ("r", 9),
+        ("d", 10)]
+    gone = log[-1]
     assert gone["before"].asDict() == {"id": 3, "name": "n3"} and gone["after"] is None
     assert gone["_dblog_lsn"] == 500 and gone["_dblog_window_id"] == "w1"
 
@@ -469,8 +495,8 @@ def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
 def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changelog_holds(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A crash between the changelog append and the MERGE: the replay's append is skipped,
-    and the mirror and the counts come from the commit written before, found in the history
+    """A crash between the changelog commit and the MERGE: the replay writes nothing, and
+    the mirror and the counts come from the commit written before, found in the history
     behind a later commit (a column added in between)."""
     from pipeline.chunking import KeyRange
 
@@ -478,18 +504,18 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
                            1, {"dblog.batch": 1})
-    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (3, "r3")], "id INT, name STRING"),
-                     "w1", TABLE)
+    em = _emission(TABLE, "w1", 500, set())
+    crashed = WriteAttempt()
+    files = chunk(spark, sink, em, named([1, 3]), 2, crashed)
 
     def batch() -> TableBatch:
-        return TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
+        return TableBatch(TABLE, emissions=[em], chunks={"w1": files},
                           coverage={"w1": KeyRange((0,), (5,))})
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed between the changelog and the mirror")
 
     monkeypatch.setattr(sink, "_merge_mirror", crash)
-    crashed = WriteAttempt()
     with pytest.raises(RuntimeError):
         sink.write_table_batch(batch(), 2, {"dblog.batch": 2}, attempt=crashed)
     monkeypatch.undo()
@@ -503,17 +529,15 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
     mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
     assert mirror == {1: "r1", 3: "r3"}
     log = [r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2]
-    assert sorted((r["op"], r["_dblog_seq"]) for r in log) == [("d", 2), ("r", 1), ("r", 3)]
+    assert sorted((r["op"], r["_dblog_seq"]) for r in log) == [("d", 3), ("r", 1), ("r", 2)]
 
 
 def test_without_coverage_a_chunk_deletes_nothing(spark: Any, tmp_path: Path) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
-    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2, {})
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 0)]
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1]))]) \
+        == [("w1", 1, 0)]
     assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2]
 
 
@@ -534,18 +558,15 @@ def test_composite_key_coverage_is_lexicographic(spark: Any, tmp_path: Path) -> 
         for i, k in enumerate(keys)
     ]), 1, {})
     # Coverage ((1,'b'), (2,'m')]: (1,'b') is the exclusive lower bound, (2,'m') inclusive.
-    staged = [(2, "a", 9)]
-    sink.stage_chunk(spark.createDataFrame(staged, "o INT, l STRING, qty INT"), "w1", COMPOSITE)
-    batch = TableBatch(COMPOSITE, emissions=[_emission(COMPOSITE, "w1", 500, set())],
-                       coverage={"w1": KeyRange((1, "b"), (2, "m"))})
-    _, results = sink.write_table_batch(batch, 2, {})
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 2)]
+    assert emit(spark, sink, 2, [(_emission(COMPOSITE, "w1", 500, set()), [(2, "a", 9)])],
+                coverage={"w1": KeyRange((1, "b"), (2, "m"))}, ddl="o INT, l STRING, qty INT",
+                key=("o", "l")) == [("w1", 1, 2)]
     mirror = sorted((r["o"], r["l"]) for r in rows(spark, sink.layout.mirror(COMPOSITE)))
     assert mirror == [(1, "b"), (2, "a"), (2, "z"), (3, "a")]
     log = sorted((r for r in rows(spark, sink.layout.changelog(COMPOSITE))
                   if r["_dblog_batch"] == 2), key=lambda r: r["_dblog_seq"])
-    assert [(r["op"], r["_dblog_seq"]) for r in log] == [("d", 1), ("r", 2), ("d", 3)]
-    assert [(r["before"] or r["after"])["l"] for r in log] == ["c", "a", "m"]
+    assert [(r["op"], r["_dblog_seq"]) for r in log] == [("r", 1), ("d", 2), ("d", 3)]
+    assert [(r["before"] or r["after"])["l"] for r in log] == ["a", "c", "m"]
 
 
 # ---- 6. TRUNCATE / DROP ---------------------------------------------------------------------
@@ -592,12 +613,9 @@ def test_keys_the_batch_changed_before_the_high_watermark_are_not_deleted_again(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
                            1, {})
     # Key 2 is deleted by the log in this batch before the window opened: already a `d`.
-    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
-    batch = TableBatch(TABLE, events=[ev(Op.DELETE, 2, 200)],
-                       emissions=[_emission(TABLE, "w1", 500, set())],
-                       coverage={"w1": KeyRange(None, (3,))})
-    _, results = sink.write_table_batch(batch, 2, {})
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 1)]
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1]))],
+                events=[ev(Op.DELETE, 2, 200)],
+                coverage={"w1": KeyRange(None, (3,))}) == [("w1", 1, 1)]
     log = sorted((r for r in rows(spark, sink.layout.changelog(TABLE)) if r["_dblog_batch"] == 2),
                  key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
     assert [(r["op"], (r["before"] or r["after"])["id"]) for r in log] == [
@@ -610,13 +628,9 @@ def test_chunk_rows_before_a_truncate_reach_the_changelog_but_not_the_mirror(
 ) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (2, "r2")], "id INT, name STRING"),
-                     "w1", TABLE)
-    batch = TableBatch(TABLE, events=[ev(Op.CREATE, 3, 700)],
-                       emissions=[_emission(TABLE, "w1", 500, set())],
-                       truncates=[Position(600, 0)])
-    _, results = sink.write_table_batch(batch, 1, {})
-    assert [r.rows_emitted for r in results] == [2]
+    assert emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, set()), named([1, 2]))],
+                events=[ev(Op.CREATE, 3, 700)], truncates=[Position(600, 0)]) \
+        == [("w1", 2, 0)]
     assert [r["id"] for r in rows(spark, sink.layout.mirror(TABLE))] == [3]
     log = sorted(rows(spark, sink.layout.changelog(TABLE)),
                  key=lambda r: (r["_dblog_lsn"], r["_dblog_seq"]))
@@ -742,19 +756,16 @@ def _log_actions(path: str) -> set[str]:
 
 def test_only_the_changelog_keeps_a_change_feed(spark: Any, tmp_path: Path) -> None:
     """The changelog is the change feed. A mirror MERGE that also wrote Delta's change data
-    files (a pre- and a post-image of every updated row) would write them for nothing, and
-    staging is read by dblog alone: both are made without it, whatever the session's
-    default."""
+    files (a pre- and a post-image of every updated row) would write them for nothing: the
+    mirror is made without it, whatever the session's default."""
     from delta.tables import DeltaTable
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    sink.stage_chunk(spark.createDataFrame([(1, "n1")], "id INT, name STRING"), "w1", TABLE)
     for batch, events in enumerate(([ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)],
                                     [ev(Op.UPDATE, 1, 200, name="new"), ev(Op.DELETE, 2, 201)]),
                                    start=1):
         sink.write_table_batch(TableBatch(TABLE, events), batch, {})
-    sink.drop_staged(TABLE, ["w1"])
 
     def change_feed(path: str) -> str | None:
         detail = DeltaTable.forPath(spark, path).detail().first()
@@ -764,10 +775,8 @@ def test_only_the_changelog_keeps_a_change_feed(spark: Any, tmp_path: Path) -> N
     layout = sink.layout
     assert change_feed(layout.changelog(TABLE)) == "true"
     assert change_feed(layout.mirror(TABLE)) == "false"
-    assert change_feed(layout.staging(TABLE)) == "false"
     assert {r["id"]: r["name"] for r in rows(spark, layout.mirror(TABLE))} == {1: "new", 3: "n3"}
     assert "cdc" not in _log_actions(layout.mirror(TABLE))
-    assert "cdc" not in _log_actions(layout.staging(TABLE))
 
 
 def test_a_checkpoint_every_hundred_commits(spark: Any, tmp_path: Path) -> None:
@@ -825,12 +834,8 @@ def test_a_capture_delete_skips_keys_the_unmerged_changelog_already_deleted(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3)]),
                            1, {})
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.DELETE, 2, 200)]), 2, {}, merge_mirror=False)
-    sink.stage_chunk(spark.createDataFrame([(1, "r1"), (3, "r3")], "id INT, name STRING"),
-                     "w1", TABLE)
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
-                   coverage={"w1": KeyRange((0,), (5,))}), 3, {}, merge_mirror=False)
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2, 0)]
+    assert emit(spark, sink, 3, [(_emission(TABLE, "w1", 500, set()), named([1, 3]))],
+                coverage={"w1": KeyRange((0,), (5,))}, merge_mirror=False) == [("w1", 2, 0)]
     sink.merge_mirror(TABLE, 3, {})
     assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {
         1: "r1", 3: "r3"}
@@ -849,31 +854,26 @@ def test_a_capture_after_an_unmerged_truncate_deletes_nothing(
                            1, {})
     sink.write_table_batch(TableBatch(TABLE, truncates=[Position(200, 0)]), 2, {},
                            merge_mirror=False)
-    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w1", TABLE)
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())],
-                   coverage={"w1": KeyRange((0,), (5,))}), 3, {}, merge_mirror=False)
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(1, 0)]
+    assert emit(spark, sink, 3, [(_emission(TABLE, "w1", 500, set()), named([1]))],
+                coverage={"w1": KeyRange((0,), (5,))}, merge_mirror=False) == [("w1", 1, 0)]
     sink.merge_mirror(TABLE, 3, {})
     assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {1: "r1"}
 
 
 def test_an_emission_without_rows_counts_none(spark: Any, tmp_path: Path) -> None:
-    """A last chunk that reads nothing: its append has no rows (Delta then makes no commit),
-    and the emission reports zero rows instead of failing to find its commit."""
+    """A last chunk that reads nothing: no file, no commit for it, zero rows, and a replay
+    (the tailer crashed before its commit in ZooKeeper) says the same."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {"dblog.batch": 1})
-    sink.stage_chunk(spark.createDataFrame([(1, "r1")], "id INT, name STRING"), "w0", TABLE)
-    sink.stage_chunk(spark.createDataFrame([], "id INT, name STRING"), "w1", TABLE)
+    version = history(spark, sink.layout.changelog(TABLE))[0]["version"]
+    em = _emission(TABLE, "w1", 500, set())
+    meta = {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500}
+    assert emit(spark, sink, 2, [(em, [])], metadata=meta) == [("w1", 0, 0)]
+    assert history(spark, sink.layout.changelog(TABLE))[0]["version"] == version
+    files = chunk(spark, sink, em, [], 2, WriteAttempt())
     _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2,
-        {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500})
-    assert [(r.window_id, r.rows_emitted, r.rows_deleted) for r in results] == [("w1", 0, 0)]
-    # A replay of it (the tailer crashed before its commit in ZooKeeper) says the same.
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 500, set())]), 2,
-        {"dblog.batch": 2, "dblog.from_lsn": 100, "dblog.to_lsn": 500},
+        TableBatch(TABLE, emissions=[em], chunks={"w1": files}), 2, meta,
         attempt=WriteAttempt(earlier=(WriteAttempt().id,)))
     assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(0, 0)]
 
@@ -913,49 +913,51 @@ def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
     assert not known(again)
 
 
-def test_emission_batches_after_the_first_read_the_changelog_history_once(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Once the sink found its first emission's commit it knows the changelog's version:
-    later emissions read the history only to find their own commit, also after batches
-    of log events and for an emission without rows (no commit)."""
-    sink = make_sink(spark, tmp_path)
-    sink.ensure_schema(SCHEMA)
-
-    def emit(wid: str, ids: list[int], lsn: int, batch: int) -> list[tuple[str, int]]:
-        sink.stage_chunk(spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING"),
-                         wid, TABLE)
-        _, results = sink.write_table_batch(
-            TableBatch(TABLE, emissions=[_emission(TABLE, wid, lsn, set())]), batch,
-            {"dblog.batch": batch, "dblog.from_lsn": lsn - 1, "dblog.to_lsn": lsn})
-        return [(r.window_id, r.rows_emitted) for r in results]
-
-    assert emit("w1", [1, 2], 500, 1) == [("w1", 2)]
-    latest: list[str] = []
-    read_latest = sink._latest_version
-
-    def counted(path: str) -> int:
-        latest.append(path)
-        return read_latest(path)
-
-    monkeypatch.setattr(sink, "_latest_version", counted)
-    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 9, 600)]), 2,
-                           {"dblog.batch": 2, "dblog.from_lsn": 500, "dblog.to_lsn": 600})
-    assert emit("w2", [], 700, 3) == [("w2", 0)]
-    assert emit("w3", [5], 800, 4) == [("w3", 1)]
-    sink.maintain(TABLE)  # a compaction commits to the changelog too
-    assert emit("w4", [6, 7], 900, 5) == [("w4", 2)]
-    assert emit("w5", [], 1000, 6) == [("w5", 0)]
-    assert latest == []
-    assert sorted(r["after"]["id"] for r in rows(spark, sink.layout.changelog(TABLE))) == [
-        1, 2, 5, 6, 7, 9]
-
-
-def test_an_emission_numbers_its_rows_in_key_order_whatever_the_staged_order(
+def test_a_replay_finds_a_landed_batch_of_chunk_files_alone(
     spark: Any, tmp_path: Path
 ) -> None:
-    """A chunk staged by several tasks in no order is numbered 1, 2, ... after the high
-    watermark in key order, the capture's deletes among its rows, in one changelog file."""
+    """A batch whose only rows are a chunk's files, committed by an attempt whose tailer
+    then died: the replay's fence finds those rows (they carry the attempt), so it writes
+    nothing and counts them from the commit."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    em = _emission(TABLE, "w1", 500, set())
+    meta = {"dblog.batch": 1, "dblog.from_lsn": 1, "dblog.to_lsn": 500}
+    first = WriteAttempt()
+    files = chunk(spark, sink, em, named([1, 2]), 1, first)
+    tb = TableBatch(TABLE, emissions=[em], chunks={"w1": files})
+    sink.write_table_batch(tb, 1, meta, attempt=first, merge_mirror=False)
+    _, results = make_sink(spark, tmp_path).write_table_batch(
+        tb, 1, meta, attempt=WriteAttempt(earlier=(first.id,)))
+    assert [r.rows_emitted for r in results] == [2]
+    assert sorted(r["after"]["id"] for r in rows(spark, sink.layout.changelog(TABLE))) == [1, 2]
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2]
+
+
+def test_a_fenced_attempt_cannot_commit_a_chunks_files(spark: Any, tmp_path: Path) -> None:
+    """A tailer frozen with a chunk's files in hand, whose batch another tailer took over:
+    its commit adds no rows through the writer, so the fence is checked before it, and it
+    stops with LeadershipLost instead of adding rows its successor wrote too."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    em = _emission(TABLE, "w1", 500, set())
+    frozen = WriteAttempt()
+    files = chunk(spark, sink, em, named([1, 2]), 1, frozen)
+    successor = WriteAttempt(earlier=(frozen.id,))
+    sink.write_table_batch(TableBatch(TABLE, emissions=[em], chunks={"w1": files}), 1, {},
+                           attempt=successor)
+    with pytest.raises(LeadershipLost, match="fenced off"):
+        make_sink(spark, tmp_path).write_table_batch(
+            TableBatch(TABLE, emissions=[em], chunks={"w1": files}), 1, {}, attempt=frozen)
+    assert sorted(r["after"]["id"] for r in rows(spark, sink.layout.changelog(TABLE))) == [1, 2]
+
+
+def test_a_chunk_read_by_several_selects_is_numbered_in_key_order(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A chunk read by four selects, each over its key range and in key order, is numbered
+    1, 2, ... after the high watermark in key order across them (a dropped key keeps its
+    number unused), and the capture's deletes come after every selected row."""
     import random
 
     from pipeline.chunking import KeyRange
@@ -966,16 +968,126 @@ def test_an_emission_numbers_its_rows_in_key_order_whatever_the_staged_order(
                            1, {})
     ids = [i for i in range(1, 3001) if i != 3]
     random.Random(7).shuffle(ids)
-    staged = spark.createDataFrame([(i, f"r{i}") for i in ids], "id INT, name STRING")
-    sink.stage_chunk(staged.repartition(4), "w1", TABLE)
-    _, results = sink.write_table_batch(
-        TableBatch(TABLE, emissions=[_emission(TABLE, "w1", 9000, {(10,)})],
-                   coverage={"w1": KeyRange((0,), (3000,))}), 2, {})
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(2998, 1)]
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 9000, {(10,)}), named(ids))],
+                coverage={"w1": KeyRange((0,), (3000,))}, parts=4) == [("w1", 2998, 1)]
     log = spark.read.format("delta").load(sink.layout.changelog(TABLE)).where("_dblog_batch = 2")
-    assert len(log.inputFiles()) == 1
     numbered = sorted((r["_dblog_seq"], r["op"], (r["after"] or r["before"])["id"])
                       for r in log.collect())
-    expected_keys = sorted({*ids, 3} - {10})
-    assert [(seq, key) for seq, _, key in numbered] == list(enumerate(expected_keys, start=1))
-    assert [op for _, op, key in numbered if key == 3] == ["d"]
+    by_key = sorted(ids)
+    expected = [(seq, "r", key) for seq, key in enumerate(by_key, start=1) if key != 10]
+    assert numbered == [*expected, (3000, "d", 3)]
+
+
+# ---- 7. new chunks reach the mirror without a MERGE -----------------------------------------
+
+
+def _operations(spark: Any, path: str) -> list[str]:
+    return [h["operation"] for h in reversed(history(spark, path))]
+
+
+def test_new_chunks_are_appended_to_the_mirror_and_the_log_changes_merged_after(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The mirror holds nothing in two chunks' key spans: their rows are appended (one
+    WRITE, no MERGE of them), and the log changes of the same batches are merged after them
+    by position: an older insert of a chunk's key loses, a newer update wins, a newer
+    delete removes it, a key the window dropped comes from the log alone."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2"),
+                                              ev(Op.CREATE, 50, 101)]), 1, {},
+                           merge_mirror=False)
+    emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(3,)}), named([1, 2, 3, 4])),
+                          (_emission(TABLE, "w2", 600, set()), named([10, 11]))],
+         events=[ev(Op.UPDATE, 3, 450, name="log3"), ev(Op.UPDATE, 4, 550, name="new4"),
+                 ev(Op.DELETE, 11, 650)], merge_mirror=False)
+    assert sink.merge_mirror(TABLE, 2, {}, through_lsn=650) == 10
+    assert _operations(spark, mirror)[-2:] == ["WRITE", "MERGE"]
+    assert {r["id"]: (r["name"], r["_dblog_lsn"]) for r in rows(spark, mirror)} == {
+        1: ("r1", 500), 2: ("r2", 500), 3: ("log3", 450), 4: ("new4", 550), 10: ("r10", 600),
+        50: ("n50", 101)}
+    assert again_merged(spark, tmp_path) == 650
+
+
+def again_merged(spark: Any, tmp_path: Path) -> int:
+    """Where a sink started afresh finds the mirror's mark."""
+    return make_sink(spark, tmp_path).mirror_lsn(TABLE)
+
+
+def test_a_merge_of_new_chunks_alone_is_one_append_that_carries_the_mark(
+    spark: Any, tmp_path: Path
+) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3]))],
+         merge_mirror=False)
+    assert sink.merge_mirror(TABLE, 1, {}, through_lsn=500) == 3
+    commits = [h for h in history(spark, sink.layout.mirror(TABLE)) if h["version"] > 0]
+    assert [h["operation"] for h in commits] == ["WRITE"]
+    assert json.loads(commits[0]["userMetadata"])[MIRROR_LSN] == 500
+    assert again_merged(spark, tmp_path) == 500
+    assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2, 3]
+
+
+def test_a_chunk_over_keys_the_mirror_holds_is_merged(spark: Any, tmp_path: Path) -> None:
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2")]), 1, {})
+    emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3]))])
+    assert _operations(spark, mirror)[-1] == "MERGE"
+    assert "WRITE" not in _operations(spark, mirror)
+    assert {r["id"]: r["name"] for r in rows(spark, mirror)} == {1: "r1", 2: "r2", 3: "r3"}
+
+
+def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the check that the mirror holds nothing in a chunk's span and the append,
+    another writer (a tailer that lost its lock, merging late) puts a row there: the append
+    fails on Delta's conflict check, every change is merged instead, and no key is twice in
+    the mirror."""
+    from delta.tables import DeltaTable
+
+    from pipeline.lake import sink as sink_module
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3]))],
+         merge_mirror=False)
+    write_files = sink_module.DeltaTxn.write_files
+
+    def late_writer_first(txn: Any, df: Any) -> list[str]:
+        late = spark.createDataFrame([(2, "late", 500, 2)],
+                                     "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
+        (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
+         .whenNotMatchedInsertAll().execute())
+        return write_files(txn, df)
+
+    monkeypatch.setattr(sink_module.DeltaTxn, "write_files", late_writer_first)
+    assert sink.merge_mirror(TABLE, 1, {}, through_lsn=500) == 3
+    monkeypatch.undo()
+    assert _operations(spark, mirror)[-2:] == ["MERGE", "MERGE"]  # the late one, then ours
+    assert sorted((r["id"], r["name"]) for r in rows(spark, mirror)) == [
+        (1, "r1"), (2, "late"), (3, "r3")]  # the late row's position equals the chunk's
+
+
+def test_the_mirror_is_read_for_a_span_by_its_files_statistics(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A span outside every mirror file's key statistics reads no file (Delta's data
+    skipping needs the span's bounds folded to plain literals)."""
+    from pipeline.lake.deltalog import DeltaTxn
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 9, 200)]), 2, {})
+    txn = DeltaTxn(spark, sink.layout.mirror(TABLE))
+    key = F.col("id")
+    assert txn.files_where((key >= F.lit(10).cast("int")) & (key <= F.lit(20).cast("int"))) == 0
+    assert txn.files_where(key >= F.lit(2).cast("int")) == 2
+    assert txn.files_where(key == F.lit(1)) == 1
+    assert txn.files_where(F.lit(True)) == 2
