@@ -207,7 +207,7 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
     """One ``tail --until-caught-up`` from the committed position (just before the range)."""
     batches: list[tuple[int, float]] = []
     profile = Profile()
-    for method in ("_events_df", "_append_changelog", "_merge_mirror"):
+    for method in ("_events_df", "_commit_changelog", "_merge_mirror"):
         profile.wrap(rt.sink, method, f"sink.{method}")
     tailer = rt.tailer(on_batch=record_batches(batches))
     began = time.perf_counter()
