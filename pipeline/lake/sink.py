@@ -418,16 +418,12 @@ class DeltaSink:
         """Create the table's Delta tables if the lake has none yet, and nothing else: what
         a capture may do before the tailer writes (an empty table holds no change; schema
         changes stay with the tailer, the tables' one writer). A concurrent creation (the
-        tailer's, another process's) is taken as done."""
+        tailer's, another process's) is met by trying again (:meth:`_create_beside_others`)."""
         with self._schema_lock:
             if self.known_columns(schema.table):
                 return
-            try:
-                self.ensure_schema(schema)
-            except Exception:
-                self._columns.pop(schema.table, None)
-                if not self.known_columns(schema.table):
-                    raise
+            self._refuse_reserved(schema)
+            self._create_beside_others(schema)
 
     def ensure_schema(self, schema: TableSchema) -> None:
         """Create the table's Delta tables, or add the columns they do not have yet.
@@ -441,19 +437,11 @@ class DeltaSink:
         table = schema.table
         if self._ensured.get(table) == schema:  # the lake only gains columns and widens
             return
-        clash = [c.name for c in schema.columns if c.name.lower() in RESERVED_COLUMNS]
-        if clash:
-            raise DblogError(
-                f"{table}: the column name {', '.join(clash)} is one the lake's tables "
-                f"reserve for dblog ({', '.join(RESERVED_COLUMNS)}, in any case); rename it in "
-                f"the source, or leave {table} out of the configuration (a tailer that met "
-                "it in the log goes on past it with `dblog tail --from-head`, then "
-                "`dblog capture`)")
+        self._refuse_reserved(schema)
         current = self.known_columns(table)
         if not current:
-            self._create(schema)
-            self._ensured[table] = schema
-            return
+            self._create_beside_others(schema)
+            current = self.known_columns(table)  # another creator's may lack a column
         by_name = {c.name: c for c in current}
         added: list[Column] = []
         for col in schema.columns:
@@ -484,6 +472,35 @@ class DeltaSink:
             builder = builder.property(key, value)
         builder.execute()
 
+    @staticmethod
+    def _refuse_reserved(schema: TableSchema) -> None:
+        table = schema.table
+        clash = [c.name for c in schema.columns if c.name.lower() in RESERVED_COLUMNS]
+        if clash:
+            raise DblogError(
+                f"{table}: the column name {', '.join(clash)} is one the lake's tables "
+                f"reserve for dblog ({', '.join(RESERVED_COLUMNS)}, in any case); rename it in "
+                f"the source, or leave {table} out of the configuration (a tailer that met "
+                "it in the log goes on past it with `dblog tail --from-head`, then "
+                "`dblog capture`)")
+
+    def _create_beside_others(self, schema: TableSchema, attempts: int = 4) -> None:
+        """Create the table's Delta tables, another process creating them at the same
+        moment (a capture beside its first select, the tailer at a high watermark) or not:
+        Delta refuses the creation that lost the race (a protocol or metadata change), and
+        the creation is tried again, which then finds the winner's tables."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._create(schema)
+                return
+            except Exception as exc:
+                self._columns.pop(schema.table, None)
+                if attempt == attempts:
+                    raise
+                log.info("creating the lake tables of %s met another creator (%s); trying "
+                         "again", schema.table, type(exc).__name__)
+                time.sleep(0.2 * attempt)
+
     def _create(self, schema: TableSchema) -> None:
         table = schema.table
         props = {**table_properties(schema.names), "dblog.key": json.dumps(list(schema.key)),
@@ -492,8 +509,7 @@ class DeltaSink:
                            {**props, **CHANGELOG_STATS})
         self._create_table(self.layout.mirror(table), mirror_schema(schema.columns),
                            {**props, **NO_CHANGE_FEED})
-        self._columns[table] = list(schema.columns)
-        self._keys[table] = schema.key
+        self._columns.pop(table, None)  # read back: the tables may be another creator's
 
     def _targets(self, table: TableId) -> list[tuple[str, str, dict[str, T.DataType]]]:
         """The three places a column lives (changelog ``before.``/``after.``, mirror), each

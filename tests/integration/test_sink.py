@@ -5,6 +5,7 @@ truncates and the mirror."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,41 @@ def test_adding_a_column_resumes_after_a_crash_between_the_alters(
     assert "extra" in _field_names(spark, sink.layout.mirror(TABLE))
     restarted.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x")]), 1, {})
     assert [r["extra"] for r in rows(spark, sink.layout.mirror(TABLE))] == ["x"]
+
+
+def _together(start: threading.Barrier, failures: list[BaseException], action: Any,
+              schema: TableSchema) -> None:
+    start.wait()
+    try:
+        action(schema)
+    except BaseException as exc:
+        failures.append(exc)
+
+
+def test_two_writers_creating_the_lake_tables_at_once_both_go_on_with_every_column(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A capture creates a table's lake tables beside its first select while the tailer,
+    at a high watermark, may create them from the log's schema, which can hold a column
+    the capture's does not: neither fails, and the tailer's column is in the lake."""
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
+    for round_ in range(3):
+        layout = LakeLayout(tmp_path / f"lake{round_}", "src")
+        capture, tailer = DeltaSink(spark, layout), DeltaSink(spark, layout)
+        start = threading.Barrier(2)
+        failures: list[BaseException] = []
+        threads = [threading.Thread(target=_together, args=(start, failures, action, schema))
+                   for action, schema in ((capture.ensure_tables, SCHEMA),
+                                          (tailer.ensure_schema, wider))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert "extra" in _field_names(spark, layout.mirror(TABLE))
+        assert "extra" in _field_names(spark, layout.changelog(TABLE), "after")
+        tailer.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x")]), 1, {})
+        assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
 
 
 # ---- 3. values decoded with an older, narrower type ---------------------------------------
