@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A restarted capture writes a staged chunk's high watermark again; when both land in
+    """A restarted capture writes a held chunk's high watermark again; when both land in
     one micro-batch the first emits the chunk and the second must change nothing."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"hw_{uuid.uuid4().hex[:8]}"
@@ -45,12 +46,19 @@ def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
         capture_id = capturer.plan(CaptureRequest((table,)))
         range_id = next(iter(rt.state.list_ranges(capture_id)))
         schema = rt.dialect.table_schema(table)
-        wid, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, None,
-                                             None, None, 25)
+        held, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, None,
+                                              None, None, 25)
+        wid = held.window_id
         window = rt.state.get_window(wid)
         assert window is not None and rows == 25 and last == (25,)
         rt.dialect.write_watermark(window.value.window.high)  # the repeated high watermark
+        # the capture writes the chunk's files once the tailer pins the window
+        writer = threading.Thread(target=capturer._write_held, args=(held,),
+                                  kwargs={"stop": None})
+        writer.start()
         rt.tailer().run(until_caught_up=True)
+        writer.join(timeout=60)
+        assert not writer.is_alive()
         settled = rt.state.get_window(wid)
         assert settled is not None and settled.value.status == "emitted"
         progress = rt.state.get_range(capture_id, range_id)
