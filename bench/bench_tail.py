@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -254,9 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/tail[-smoke].json)")
     parser.add_argument("--keep", action="store_true", help="keep the database and lake")
-    parser.add_argument("--decode-in-thread", action="store_true",
-                        help="decode the binlog in a thread of the tailer's process (the "
-                             "design before tail.decode_in_process), for comparison")
     parser.add_argument("--warmup-seconds", type=float, default=120.0,
                         help="tail generated traffic this long between the cold and the warm "
                              "measurements")
@@ -285,8 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_spark_session()
     config = pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],
                              lake=lake_dir(name) / "lake", server_id=server_id(7985, 7999))
-    config = replace(config, tail=replace(config.tail,
-                                          decode_in_process=not args.decode_in_thread))
     results: list[dict[str, Any]] = []
     next_id = args.prefill + 1
     try:
@@ -348,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_seconds": args.warmup_seconds,
         "tail": {"batch_max_events": config.tail.batch_max_events,
                  "batch_max_seconds": config.tail.batch_max_seconds,
-                 "poll_seconds": config.tail.poll_seconds,
-                 "decode_in_process": config.tail.decode_in_process},
+                 "poll_seconds": config.tail.poll_seconds},
         "spark_master": spark.conf.get("spark.master"),
     }
     path = write_results(output, "tail", parameters, results, {

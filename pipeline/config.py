@@ -80,8 +80,6 @@ class TailConfig:
     """The tail-lag asset check warns above this many seconds behind the source..."""
     lag_error_s: float = 600.0
     """...and fails (severity ERROR) above this many."""
-    decode_in_process: bool = True
-    """Decode the log in a process of its own (MariaDB/MySQL; see pipeline.decode_process)."""
 
 
 @dataclass(frozen=True)
@@ -323,10 +321,6 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     if not 2.0 <= session_timeout <= 120.0:
         raise ConfigError("config: zookeeper.session_timeout_s must be between 2 and 120")
     tail_data = data.get("tail") or {}
-    decode_in_process = tail_data.get("decode_in_process", True)
-    if not isinstance(decode_in_process, bool):
-        raise ConfigError("config: tail.decode_in_process must be true or false, got "
-                          f"{decode_in_process!r}")
     tail = TailConfig(
         batch_max_events=_positive(tail_data.get("batch_max_events", 100_000),
                                    "tail.batch_max_events"),
@@ -341,7 +335,6 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                      "tail.mirror_every_s"),
         lag_warn_s=_positive(tail_data.get("lag_warn_s", 60.0), "tail.lag_warn_s", float),
         lag_error_s=_positive(tail_data.get("lag_error_s", 600.0), "tail.lag_error_s", float),
-        decode_in_process=decode_in_process,
     )
     if tail.lag_error_s < tail.lag_warn_s:
         raise ConfigError("config: tail.lag_error_s must not be below tail.lag_warn_s")

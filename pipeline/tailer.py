@@ -31,7 +31,6 @@ from typing import Any
 from pipeline import handoff
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.chunking import KeyRange
-from pipeline.decode_process import ProcessLogReader, runs_in_own_process
 from pipeline.errors import DblogError, LeadershipLost, SourceError, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
@@ -40,7 +39,6 @@ from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
 from pipeline.mirror import MirrorMerger
 from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import (
-    LogReader,
     SchemaChange,
     SourceDialect,
     TableSchema,
@@ -112,9 +110,6 @@ class TailOptions:
     when a run ends (0: after every batch)."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
-    decode_in_process: bool = True
-    """Decode the log in a child process when the source's reader can run there (see
-    :mod:`pipeline.decode_process`); off, it decodes in a thread of this process."""
     chunk_files_timeout_s: float = 300.0
     """How long the tailer waits, at a chunk's high watermark, for a live capture to write
     the chunk's changelog files before it aborts the window (the capture re-selects it)."""
@@ -379,7 +374,7 @@ class Tailer:
         # mirrors merge in another.
         self._merger = MirrorMerger(self._merge_mirrors)
         reader = PrefetchingReader(
-            self._log_reader(start),
+            self.dialect.open_log(start, self.tables),
             max_ahead=self.options.batch_max_events,
             read_transactions=self.options.read_transactions,
             poll_s=self.options.poll_seconds,
@@ -481,15 +476,6 @@ class Tailer:
             self._unmerged_since = time.monotonic()
         self._unmerged |= tables
         self._unmerged_events += events
-
-    def _log_reader(self, start: Mapping[str, Any]) -> LogReader:
-        """The source's log reader; in a decoder process of its own where it can run there
-        (``decode_in_process``), so decoding does not share this interpreter's lock."""
-        reader = self.dialect.open_log(start, self.tables)
-        if not (self.options.decode_in_process and runs_in_own_process(reader)):
-            return reader
-        return ProcessLogReader(reader, read_transactions=self.options.read_transactions,
-                                poll_s=self.options.poll_seconds)
 
     def _mirror_due(self) -> bool:
         """Whether the batches the mirrors lack are old or many enough to merge now."""

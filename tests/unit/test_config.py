@@ -27,9 +27,6 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.capture.chunk_max_rows == 500_000
     assert config.tail.maintain_every_s == 3600.0
     assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
-    assert config.tail.decode_in_process
-    assert not parse_config({**GOOD, "tail": {"decode_in_process": False}}
-                            ).tail.decode_in_process
     assert config.lake == str((tmp_path / "lake").resolve())
 
 
@@ -81,7 +78,6 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
          "source.host is missing"),
         ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
         ({"tail": {"maintain_every_s": -1}}, r"tail.maintain_every_s must be .*\(0: off\)"),
-        ({"tail": {"decode_in_process": "yes"}}, "tail.decode_in_process must be true or false"),
         ({"source": {**GOOD["source"], "kind": "postgres"}}, "source.database"),
         ({"source": {**GOOD["source"], "slot": "s"}}, "unknown keys for kind 'mariadb': slot"),
         ({"source": {**GOOD["source"], "kind": "postgres", "database": "d", "server_id": 1,

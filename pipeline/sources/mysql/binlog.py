@@ -252,10 +252,6 @@ def rewrites_rows(query: str) -> bool:
 class MySqlLogReader:
     """A :class:`pipeline.sources.base.LogReader` over one server's binlog."""
 
-    runs_in_own_process = True
-    """Until its first read it holds only settings and a position (it connects then), so a
-    tailer can move it into a decoder process (:mod:`pipeline.decode_process`)."""
-
     def __init__(
         self, settings: MySqlSettings, start: Mapping[str, Any], tables: Iterable[TableId]
     ) -> None:
