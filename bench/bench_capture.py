@@ -85,7 +85,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
     table = f"{db}.{TABLE}"
     config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
                              server_id=server_id(7950, 7969), chunk_size=args.chunk_size,
-                             max_in_flight=args.max_in_flight)
+                             max_in_flight=args.max_in_flight,
+                             read_partitions=args.read_partitions)
     batches: list[tuple[int, float]] = []
     profile = Profile()
     stop = threading.Event()
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="a fixed chunk size (default: the product's chunk sizing)")
     parser.add_argument("--max-in-flight", type=int, default=4)
+    parser.add_argument("--read-partitions", type=int, default=None,
+                        help="parallel reads of a chunk (default: the product's)")
     parser.add_argument("--no-warm", dest="warm", action="store_false",
                         help="skip the idle run repeated in a warm JVM")
     parser.add_argument("--capture-timeout", type=float, default=1800.0,
@@ -238,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parameters = {
         "rows": args.rows, "writers_tps": args.writers_tps,
         "baseline_partitions": args.baseline_partitions, "chunk_size": args.chunk_size,
-        "max_in_flight": args.max_in_flight, "warm": args.warm,
+        "max_in_flight": args.max_in_flight, "read_partitions": args.read_partitions,
+        "warm": args.warm,
         "capture_timeout_s": args.capture_timeout,
         "smoke": args.smoke, "spark_master": spark.conf.get("spark.master"),
     }

@@ -182,7 +182,8 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
 
     table = f"{db}.{TABLE}"
     config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
-                             server_id=replica_id(8150, 8199))
+                             server_id=replica_id(8150, 8199),
+                             read_partitions=args.read_partitions)
     stop = threading.Event()
     progressed = threading.Event()
     captures: list[tuple[float, bool]] = []  # seconds, finished
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=["pinned", "unpinned"])
     parser.add_argument("--ramp-timeout", type=float, default=180.0,
                         help="start writing after the capture's first chunk, or this late")
+    parser.add_argument("--read-partitions", type=int, default=None,
+                        help="the capture's parallel reads of a chunk (default: the product's)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/impact[-smoke].json)")
@@ -407,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parameters = {
         "rows": args.rows, "seconds": args.seconds, "tps": args.tps, "insert_share": 0.2,
+        "read_partitions": args.read_partitions,
         "placements": [p.name for p in placements], "skipped": skipped,
         "ramp_timeout_s": args.ramp_timeout, "smoke": args.smoke,
         "spark_master": spark_conf()["spark.master"],

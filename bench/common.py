@@ -232,9 +232,11 @@ def run_id() -> str:
 
 def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Path,
                     server_id: int, chunk_size: int | None = None, max_in_flight: int = 4,
-                    batch_seconds: float = 2.0, poll_seconds: float = 0.5) -> PipelineConfig:
+                    batch_seconds: float = 2.0, poll_seconds: float = 0.5,
+                    read_partitions: int | None = None) -> PipelineConfig:
     """The product's default capture/tail settings, with a source name and ZooKeeper root of
-    this run only (nothing an earlier run left behind is seen)."""
+    this run only (nothing an earlier run left behind is seen); ``read_partitions``
+    overrides the capture's parallel reads of a chunk."""
     os.environ.setdefault("DBLOG_MARIADB_PASSWORD", ep.mariadb_password)
     data = config_dict(source=name, ep=ep, tables=list(tables), lake=lake, server_id=server_id,
                        chunk_size=chunk_size or 1, max_in_flight=max_in_flight,
@@ -242,6 +244,8 @@ def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Pa
     if chunk_size is None:  # the product's chunk sizing
         del data["capture"]["chunk_size"], data["capture"]["chunk_max_rows"]
     data["zookeeper"]["root"] = f"dblog-bench-{name}"
+    if read_partitions is not None:
+        data["capture"]["read_partitions"] = read_partitions
     return parse_config(data)
 
 
