@@ -30,6 +30,7 @@ CRASHES = (
     "capture.after_hw:2",        # the high watermark is in the log, the process is gone
     "capture.after_select:2",    # chunk selected and held, no high watermark: retried
     "capture.before_files:2",    # pinned, files written, not published: retried
+    "tail.after_pin:2",          # a window pinned, its files not yet committed: re-pinned
     "tail.after_delta:2",        # every Delta commit done, ZooKeeper position not moved
 )
 
