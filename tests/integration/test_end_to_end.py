@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pipeline.background import BackgroundTailer
 from pipeline.capture import CaptureRequest
-from pipeline.config import load_config
+from pipeline.config import parse_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
@@ -51,18 +50,16 @@ def test_concurrent_writes_capture_and_tail(
     source = f"e2e-{seed}-{uuid.uuid4().hex[:6]}"
     try:
         initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
-        path = source_kit.config(
-            tmp_path / "dblog.yaml", source=source, db=db, lake=tmp_path / "lake",
+        data = source_kit.config_data(
+            source=source, db=db, lake=tmp_path / "lake",
             # Chunks grow as fast ones do in production (up to eightfold), still three
             # windows a table: 100 rows, 800, then the rest.
             chunk_size=100, batch_seconds=1.0, chunk_max_rows=10_000,
         )
-        data = yaml.safe_load(path.read_text())
         # The 800-row and the last chunk are read by three selects at once, each over the
         # key range planned for it, while the writers change rows in all of them.
         data["capture"].update(read_partitions=3, read_partition_rows=100)
-        path.write_text(yaml.safe_dump(data))
-        config = load_config(path)
+        config = parse_config(data)
         with open_runtime(config, spark=spark) as rt:
             bg = BackgroundTailer(rt.tailer()).start()
             try:
