@@ -404,14 +404,17 @@ class DeltaSink:
         """The columns the lake holds for ``table`` (a superset of every schema seen)."""
         if table not in self._columns and self._exists(self.layout.mirror(table)):
             schema = self.spark.read.format("delta").load(self.layout.mirror(table)).schema
-            self._columns[table] = [
-                column_of(f) for f in schema.fields if f.name not in META_COLUMNS
-            ]
-            meta = json.loads(
+            key = json.loads(
                 self.spark.sql(f"DESCRIBE DETAIL delta.{quote_ident(self.layout.mirror(table))}")
                 .select("properties").first()["properties"].get("dblog.key", "[]")  # type: ignore[index]
             )
-            self._keys[table] = tuple(meta)
+            # The key first: other threads (the mirror merger, a capture) take cached
+            # columns to mean the key is cached too. Only a missing entry is filled: a
+            # thread whose read began before another's ALTER must not put back the
+            # columns from before it.
+            self._keys.setdefault(table, tuple(key))
+            self._columns.setdefault(
+                table, [column_of(f) for f in schema.fields if f.name not in META_COLUMNS])
         return self._columns.get(table, [])
 
     def ensure_tables(self, schema: TableSchema) -> None:

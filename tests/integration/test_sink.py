@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,37 @@ def test_two_writers_creating_the_lake_tables_at_once_both_go_on_with_every_colu
         assert "extra" in _field_names(spark, layout.changelog(TABLE), "after")
         tailer.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x")]), 1, {})
         assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
+
+
+def _ask_key(sink: DeltaSink, delay: float, keys: list[tuple[str, ...]],
+             failures: list[BaseException]) -> None:
+    time.sleep(delay)
+    try:
+        keys.append(sink.key_columns(TABLE))
+    except BaseException as exc:
+        failures.append(exc)
+
+
+def test_threads_asking_a_fresh_sink_for_a_tables_key_at_once_all_get_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A restarted tailer's mirror merger asks for a table's key while its batch thread reads
+    the same table's columns for the first time: whichever reads the lake, each gets the
+    key (it once came back missing while another thread had cached only the columns)."""
+    layout = LakeLayout(tmp_path / "lake", "src")
+    DeltaSink(spark, layout).ensure_schema(SCHEMA)
+    for _ in range(3):
+        fresh = DeltaSink(spark, layout)  # nothing cached, as after a restart
+        keys: list[tuple[str, ...]] = []
+        failures: list[BaseException] = []
+        threads = [threading.Thread(target=_ask_key, args=(fresh, 0.01 * i, keys, failures))
+                   for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert keys == [("id",)] * 12
 
 
 # ---- 3. values decoded with an older, narrower type ---------------------------------------
