@@ -56,6 +56,7 @@ from pipeline.lake.types import quote_ident
 from pipeline.outage import ride_out
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import RangeProgress, StateStore, WindowState
+from pipeline.throttle import RowRate
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class CaptureOptions:
     many selects at once, each over its own key range (planned first)."""
     read_partition_rows: int = CaptureConfig.read_partition_rows
     """A chunk is split into read partitions of at least this many rows."""
+    max_rows_per_s: float | None = CaptureConfig.max_rows_per_s
+    """Rows a second the capture reads at most, all ranges of the process together (None:
+    no limit); chunks then ask for at most one second's rows."""
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
     position_timeout_s: float = 120.0
@@ -253,12 +257,18 @@ class Capturer:
         sink: DeltaSink,
         spark: SparkSession,
         options: CaptureOptions | None = None,
+        read_rate: RowRate | None = None,
     ) -> None:
+        """``read_rate``: a limit shared with other capturers of the process (default: one
+        of its own when ``options.max_rows_per_s`` is set)."""
         self.dialect = dialect
         self.state = state
         self.sink = sink
         self.spark = spark
         self.options = options or CaptureOptions()
+        self.read_rate = read_rate or (None if self.options.max_rows_per_s is None
+                                       else RowRate(self.options.max_rows_per_s))
+        """The read-rate limit this capturer's chunks wait for (None: none)."""
         self.health_check: Callable[[], None] | None = None
         """Called while waiting for emissions; raises if the tailer we rely on died."""
 
@@ -534,6 +544,11 @@ class Capturer:
                     on_progress(report)
             if outcome in ("aborted", "interrupted"):
                 break
+            if self.read_rate is not None:
+                if not self.read_rate.wait(stop):
+                    outcome = "interrupted"
+                    break
+                limit = min(limit, self.read_rate.chunk_rows)
             bounded = open_end and not past_bound
             began = time.monotonic()
             held, rows, last, reached_end = self._chunk(
@@ -543,6 +558,8 @@ class Capturer:
             )
             wid = held.window_id
             writer.submit(held)
+            if self.read_rate is not None:
+                self.read_rate.charge(rows)
             report.rows_selected += rows
             limit = next_chunk_rows(
                 limit, rows, time.monotonic() - began, first=first,

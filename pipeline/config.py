@@ -96,6 +96,10 @@ class CaptureConfig:
     raise it where Spark has cores to spare and the source has headroom."""
     read_partition_rows: int = 50_000
     """...each of at least this many rows (smaller chunks are read by fewer selects)."""
+    max_rows_per_s: float | None = None
+    """At most this many rows a second read from the source by one capture process (None:
+    as fast as it goes), in chunks of at most one second's rows: spares a source whose
+    application must not feel the capture (`bench_impact`)."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         read_partition_rows=_positive(
             capture_data.get("read_partition_rows", default.read_partition_rows),
             "capture.read_partition_rows"),
+        max_rows_per_s=None if capture_data.get("max_rows_per_s") is None else _positive(
+            capture_data["max_rows_per_s"], "capture.max_rows_per_s", float),
     )
     raw_tables = data.get("tables")
     if not isinstance(raw_tables, list) or not raw_tables:

@@ -17,6 +17,7 @@ from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
 from pipeline.state import StateStore, StateUnavailable
 from pipeline.tailer import MIRROR_DOC, Tailer, TailOptions
+from pipeline.throttle import RowRate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,6 +64,7 @@ class Runtime:
     _sink: DeltaSink | None = None
     spark_factory: Callable[[], SparkSession] | None = None
     """Builds the session on first use (Dagster's PySpark resource); default: our own."""
+    _read_rate: RowRate | None = None
 
     @property
     def spark(self) -> SparkSession:
@@ -110,10 +112,13 @@ class Runtime:
             chunk_size=cap.chunk_size, max_in_flight=cap.max_in_flight,
             chunk_max_rows=cap.chunk_max_rows, chunk_target_seconds=cap.chunk_target_seconds,
             read_partitions=cap.read_partitions, read_partition_rows=cap.read_partition_rows,
+            max_rows_per_s=cap.max_rows_per_s,
             chunk_sizes={t.table: t.chunk_size for t in self.config.tables},
         )
+        if cap.max_rows_per_s is not None and self._read_rate is None:
+            self._read_rate = RowRate(cap.max_rows_per_s)
         return Capturer(dialect=self.dialect, state=self.state, sink=self.sink,
-                        spark=self.spark, options=options)
+                        spark=self.spark, options=options, read_rate=self._read_rate)
 
     def wait_started(self, check: Callable[[], None], timeout: float = 120) -> None:
         """Wait until a tailer stored its first position; ``check`` raises if it died."""

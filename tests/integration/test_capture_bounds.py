@@ -38,9 +38,10 @@ pytestmark = pytest.mark.integration
 @contextmanager
 def runtime(ep: Endpoints, tmp_path: Path, db: str, tables: list[str], *, server_id: int,
             chunk_size: int, max_in_flight: int = 4, kit: SourceKit | None = None,
+            capture: dict[str, Any] | None = None,
             ) -> Iterator[tuple[Runtime, BackgroundTailer]]:
     """A runtime of ``tables`` of ``db`` (on ``kit``'s database; MariaDB without one) with
-    its tailer running in the background."""
+    its tailer running in the background; ``capture``: more capture settings."""
     options: dict[str, Any] = {"chunk_size": chunk_size, "max_in_flight": max_in_flight,
                                "batch_seconds": 1.0, "poll_seconds": 0.2}
     source = f"cb-{uuid.uuid4().hex[:8]}"
@@ -50,6 +51,7 @@ def runtime(ep: Endpoints, tmp_path: Path, db: str, tables: list[str], *, server
     else:
         data = kit.config_data(source=source, db=db, tables=[f"{db}.{t}" for t in tables],
                                lake=tmp_path / "lake", **options)
+    data["capture"].update(capture or {})
     try:
         with open_runtime(parse_config(data)) as rt:
             bg = BackgroundTailer(rt.tailer()).start()
@@ -499,3 +501,40 @@ def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it
             assert [r.status for r in reports] == ["done"], reports
             rt.wait_caught_up(again.check)
         assert_mirror_equals_source(rt, table)
+
+
+def test_a_throttled_capture_reads_no_faster_than_its_rate(
+    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``capture.max_rows_per_s``: chunks of at most one second's rows, under one limit
+    for all captures of the process: when another capture has just read ten seconds'
+    worth, the next chunk waits for it. The mirror still equals the source."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    rate, total = 200, 1000
+    db = id_table(MariaDbKit(services), total)
+    table = TableId(db, "t")
+    try:
+        with runtime(services, tmp_path, db, ["t"], server_id=7609, chunk_size=100_000,
+                     max_in_flight=1, capture={"max_rows_per_s": rate}) as (rt, bg):
+            capturer, other = rt.capturer(), rt.capturer()
+            assert capturer.read_rate is not None and capturer.read_rate is other.read_rate
+            capturer.health_check = bg.check
+            capture_id = capturer.plan(CaptureRequest((table,)))
+            seen: list[tuple[float, int]] = []
+
+            def progress(report: RangeReport) -> None:
+                # One chunk in flight: called once a chunk is emitted, before the next.
+                seen.append((time.monotonic(), report.rows_selected))
+                if len(seen) == 1 and other.read_rate is not None:
+                    other.read_rate.charge(10 * rate)
+
+            reports = capturer.run(capture_id, on_progress=progress)
+            assert [r.status for r in reports] == ["done"], reports
+            assert reports[0].rows_selected == total
+            assert reports[0].chunks >= total // rate, reports
+            assert seen[0][1] == rate, seen
+            assert seen[1][0] - seen[0][0] >= 8.5, seen
+            rt.wait_caught_up(bg.check, timeout=300)
+            assert_mirror_equals_source(rt, table)
+    finally:
+        MariaDbKit(services).drop(db)

@@ -25,6 +25,9 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.table("shop.orders").chunk_size == 10
     assert config.table("shop.accounts").chunk_size == 100_000  # the default first chunk
     assert config.capture.chunk_max_rows == 500_000
+    assert config.capture.max_rows_per_s is None  # as fast as it goes
+    throttled = parse_config({**GOOD, "capture": {"max_rows_per_s": 2500}})
+    assert throttled.capture.max_rows_per_s == 2500.0
     assert config.tail.maintain_every_s == 3600.0
     assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
     assert config.lake == str((tmp_path / "lake").resolve())
@@ -72,6 +75,8 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"bogus": 1}, "unknown top-level keys: bogus"),
         ({"capture": {"chunk_size": 0}}, "capture.chunk_size must be a positive number"),
         ({"capture": {"chunk_size": "many"}}, "capture.chunk_size must be a positive number"),
+        ({"capture": {"max_rows_per_s": 0}}, "capture.max_rows_per_s must be a positive"),
+        ({"capture": {"max_rows_per_s": "slow"}}, "capture.max_rows_per_s must be a positive"),
         ({"source": {**GOOD["source"], "kind": "oracle"}}, "not supported"),
         ({"source": {**GOOD["source"], "port": "x"}}, "source.port must be a whole number"),
         ({"source": {k: v for k, v in GOOD["source"].items() if k != "host"}},
