@@ -8,17 +8,21 @@ table, ``--tps`` transactions/s, paced) times every statement including its COMM
 ``--seconds``:
 
 * without: nothing of dblog runs (the pipeline's SparkSession sits idle);
+* tailer: the tailer alone follows the binlog (in-process, the product's tail settings): what
+  following the log costs the source, apart from a capture;
 * with: a capture of the table runs as ``dblog capture`` runs it (an in-process background
   tailer, the product's default chunk and tail settings, one SparkSession), started again
   whenever it finishes, so it runs for the whole measurement; writing starts once its first
   chunk was emitted (JVM warm), or after ``--ramp-timeout``.
 
-Two placements (two cores assumed), each in a pipeline process of its own (a child of the
+Three placements (two cores assumed), each in a pipeline process of its own (a child of the
 bench, which keeps the results, MariaDB's affinity and the clean-up):
 
 * pinned: MariaDB (every thread, ``taskset -a``) and the writer on CPU 0, the pipeline process
   on CPU 1 (pinned before its SparkSession starts, so the JVM inherits it), as on separate
   hosts; MariaDB's affinity is restored afterwards;
+* pinned-throttled: the same, the capture held to ``--throttle`` rows/s
+  (``capture.max_rows_per_s``);
 * unpinned: everything shares both cores.
 
 A pipeline process exits as soon as it has measured: the capture and tail it leaves running
@@ -28,7 +32,8 @@ The baseline of each placement is its own "without" run. Prints p50/p95/p99/max 
 without and the ratios; the issue's requirement (pinned p99 ratio ≤ 1.1x) is printed, never
 asserted. Writes ``bench/results/impact.json``.
 
-    .venv/bin/python -m bench.bench_impact [--rows 200000] [--seconds 30] [--smoke]
+    .venv/bin/python -m bench.bench_impact [--rows 200000] [--seconds 30] [--throttle 3000]
+        [--placements pinned pinned-throttled unpinned] [--smoke]
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ from pipeline.services import Endpoints
 from pipeline.spark import spark_conf
 
 TARGET_PINNED_P99_RATIO = 1.1
+SIDES = ("without", "tailer", "with")
+"""Nothing of dblog running; the tailer alone; a capture beside the tailer."""
+SIDE_LABELS = {"without": "none", "tailer": "tailer", "with": "tailer + capture"}
 
 
 # ---- CPU affinity -------------------------------------------------------------------------
@@ -146,6 +154,7 @@ class Placement:
     app_cpus: tuple[int, ...]  # MariaDB and the writer
     pipeline_cpus: tuple[int, ...]  # the pipeline process and its JVM
     pin_mariadb: bool
+    max_rows_per_s: float | None = None  # the capture's read-rate limit (None: none)
 
 
 # ---- the pipeline process of one placement ------------------------------------------------
@@ -170,9 +179,36 @@ def write_for(ep: Endpoints, db: str, args: argparse.Namespace, first_new: int,
             "last_id": max([first_new, *commits.key])}
 
 
+def with_tailer(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
+                first_new: int, cpus: tuple[int, ...]) -> dict[str, Any]:
+    """The writer while only the tailer runs (in-process): what following the log costs
+    the source, apart from a capture. Stops the tailer and removes its state after."""
+    from pipeline.background import BackgroundTailer
+    from pipeline.runtime import open_runtime
+
+    config = pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],
+                             lake=lake_dir(name) / "lake", server_id=replica_id(8150, 8199))
+    batches: list[tuple[int, float]] = []
+    try:
+        with open_runtime(config, spark=spark) as rt:
+            try:
+                with BackgroundTailer(rt.tailer(on_batch=record_batches(batches))) as bg:
+                    rt.wait_started(bg.check)
+                    written = write_for(ep, db, args, first_new, cpus, bg.check)
+            finally:
+                rt.state.delete("", recursive=True)
+    finally:
+        drop_zookeeper_root(ep.zk_hosts, config.zookeeper_root)
+        remove_lake(name)
+    return {**written, "pipeline": {"tailer_batches": len(batches),
+                                     "tailer_events": sum(e for e, _ in batches)}}
+
+
 def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
-                 first_new: int, cpus: tuple[int, ...]) -> dict[str, Any]:
-    """The writer while captures of the table run one after another (tailer in-process).
+                 first_new: int, cpus: tuple[int, ...], max_rows_per_s: float | None = None,
+                 ) -> dict[str, Any]:
+    """The writer while captures of the table run one after another (tailer in-process),
+    read at most ``max_rows_per_s`` rows a second if set.
 
     Returns with the capture and the tailer still running (the process exits next); on a
     failure they are stopped first."""
@@ -183,7 +219,8 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
     table = f"{db}.{TABLE}"
     config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
                              server_id=replica_id(8150, 8199),
-                             read_partitions=args.read_partitions)
+                             read_partitions=args.read_partitions,
+                             max_rows_per_s=max_rows_per_s)
     stop = threading.Event()
     progressed = threading.Event()
     captures: list[tuple[float, bool]] = []  # seconds, finished
@@ -248,8 +285,9 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
 
 def placement_main(ep: Endpoints, db: str, name: str, placement: Placement,
                    args: argparse.Namespace, next_id: int, out: Any) -> None:
-    """The pipeline process of one placement: without, then with a capture. Sends its row
-    and exits at once (``os._exit``: the capture and tailer still running end with it)."""
+    """The pipeline process of one placement: without dblog, with the tailer alone, then
+    with a capture beside it. Sends its row and exits at once (``os._exit``: the capture and
+    tailer still running end with it)."""
     os.sched_setaffinity(0, placement.pipeline_cpus)  # before the JVM starts: it inherits it
     from pipeline.spark import build_spark_session
 
@@ -257,15 +295,18 @@ def placement_main(ep: Endpoints, db: str, name: str, placement: Placement,
     try:
         spark = build_spark_session()
         row: dict[str, Any] = {}
-        for side in ("without", "with"):
+        for side in SIDES:
             load = round(os.getloadavg()[0], 2)
-            print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name}: {side} capture "
+            print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name}: {side} "
                   f"(load average {load}) ...", flush=True)
             if side == "without":
                 row[side] = write_for(ep, db, args, next_id, placement.app_cpus)
+            elif side == "tailer":
+                row[side] = with_tailer(ep, spark, db, f"{name}-tail", args, next_id,
+                                        placement.app_cpus)
             else:
                 row[side] = with_capture(ep, spark, db, name, args, next_id,
-                                         placement.app_cpus)
+                                         placement.app_cpus, placement.max_rows_per_s)
             row[side]["loadavg_1m_before"] = load
             next_id = row[side]["last_id"] + 1
             print(f"    {row[side]}", flush=True)
@@ -289,6 +330,7 @@ def run_placement(ep: Endpoints, db: str, rid: str, placement: Placement,
     Returns the row and the next free id."""
     name = f"impact-{placement.name}-{rid}"
     row: dict[str, Any] = {"placement": placement.name,
+                           "max_rows_per_s": placement.max_rows_per_s,
                            "app_cpus": cpu_list(placement.app_cpus),
                            "pipeline_cpus": cpu_list(placement.pipeline_cpus)}
     db_pid = mariadb_pid()
@@ -323,9 +365,14 @@ def run_placement(ep: Endpoints, db: str, rid: str, placement: Placement,
     if "error" in found:
         raise RuntimeError(f"the {placement.name} pipeline process failed: {found['error']}")
     row.update(found)
-    row["ratio"] = {p: (row["with"][p] / row["without"][p] if row["without"].get(p) else None)
-                    for p in ("p50", "p95", "p99")}
+    row["ratio"] = _ratios(row["with"], row["without"])  # the issue's: with / without
+    row["ratio_tailer"] = _ratios(row["tailer"], row["without"])
+    row["ratio_capture_over_tailer"] = _ratios(row["with"], row["tailer"])
     return row, int(row["with"]["last_id"]) + 1
+
+
+def _ratios(side: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    return {p: (side[p] / base[p] if base.get(p) else None) for p in ("p50", "p95", "p99")}
 
 
 def _clean_up(ep: Endpoints, measured: dict[str, Any]) -> None:
@@ -348,8 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="writing time per run")
     parser.add_argument("--tps", type=float, default=300.0,
                         help="the application writer's single-row transactions/s")
-    parser.add_argument("--placements", nargs="+", choices=("pinned", "unpinned"),
-                        default=["pinned", "unpinned"])
+    parser.add_argument("--placements", nargs="+",
+                        choices=("pinned", "pinned-throttled", "unpinned"),
+                        default=["pinned", "pinned-throttled", "unpinned"])
+    parser.add_argument("--throttle", type=float, default=3000.0,
+                        help="pinned-throttled: the capture's capture.max_rows_per_s")
     parser.add_argument("--ramp-timeout", type=float, default=180.0,
                         help="start writing after the capture's first chunk, or this late")
     parser.add_argument("--read-partitions", type=int, default=None,
@@ -373,9 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         if name == "unpinned":
             placements.append(Placement("unpinned", own, own, False))
         elif len(own) >= 2:
-            placements.append(Placement("pinned", own[:1], own[1:2], True))
+            placements.append(Placement(name, own[:1], own[1:2], True,
+                                        args.throttle if name == "pinned-throttled" else None))
         else:
-            skipped.append("pinned (needs two CPUs)")
+            skipped.append(f"{name} (needs two CPUs)")
 
     services.up()
     ep = services.endpoints()
@@ -398,19 +449,20 @@ def main(argv: list[str] | None = None) -> int:
                 remove_lake(f"impact-{placement.name}-{rid}")
     print()
     print_table(
-        ["placement", "capture", "writes", "tx/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
+        ["placement", "dblog", "writes", "tx/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
          "p50 ratio", "p99 ratio", "requirement"],
-        [[r["placement"], side, r[side]["count"], r[side]["achieved_tps"],
+        [[r["placement"], SIDE_LABELS[side], r[side]["count"], r[side]["achieved_tps"],
           *[f"{r[side][p]:.3f}" for p in ("p50", "p95", "p99", "max")],
-          *([f"{r['ratio'][p]:.2f}x" if r["ratio"][p] else "-" for p in ("p50", "p99")]
-            if side == "with" else ["", ""]),
+          *([f"{ratios[p]:.2f}x" if ratios[p] else "-" for p in ("p50", "p99")]
+            if (ratios := r.get({"with": "ratio", "tailer": "ratio_tailer"}.get(side, ""))
+                ) else ["", ""]),
           (f"p99 ratio <= {TARGET_PINNED_P99_RATIO}x"
-           if side == "with" and r["placement"] == "pinned" else "")]
-         for r in results for side in ("without", "with")],
+           if side == "with" and r["placement"].startswith("pinned") else "")]
+         for r in results for side in SIDES],
     )
     parameters = {
         "rows": args.rows, "seconds": args.seconds, "tps": args.tps, "insert_share": 0.2,
-        "read_partitions": args.read_partitions,
+        "read_partitions": args.read_partitions, "throttle_rows_per_s": args.throttle,
         "placements": [p.name for p in placements], "skipped": skipped,
         "ramp_timeout_s": args.ramp_timeout, "smoke": args.smoke,
         "spark_master": spark_conf()["spark.master"],

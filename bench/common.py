@@ -233,10 +233,12 @@ def run_id() -> str:
 def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Path,
                     server_id: int, chunk_size: int | None = None, max_in_flight: int = 4,
                     batch_seconds: float = 2.0, poll_seconds: float = 0.5,
-                    read_partitions: int | None = None) -> PipelineConfig:
+                    read_partitions: int | None = None,
+                    max_rows_per_s: float | None = None) -> PipelineConfig:
     """The product's default capture/tail settings, with a source name and ZooKeeper root of
     this run only (nothing an earlier run left behind is seen); ``read_partitions``
-    overrides the capture's parallel reads of a chunk."""
+    overrides the capture's parallel reads of a chunk, ``max_rows_per_s`` sets its read-rate
+    limit."""
     os.environ.setdefault("DBLOG_MARIADB_PASSWORD", ep.mariadb_password)
     data = config_dict(source=name, ep=ep, tables=list(tables), lake=lake, server_id=server_id,
                        chunk_size=chunk_size or 1, max_in_flight=max_in_flight,
@@ -246,6 +248,8 @@ def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Pa
     data["zookeeper"]["root"] = f"dblog-bench-{name}"
     if read_partitions is not None:
         data["capture"]["read_partitions"] = read_partitions
+    if max_rows_per_s is not None:
+        data["capture"]["max_rows_per_s"] = max_rows_per_s
     return parse_config(data)
 
 

@@ -77,7 +77,7 @@ class CaptureOptions:
     """A chunk is split into read partitions of at least this many rows."""
     max_rows_per_s: float | None = CaptureConfig.max_rows_per_s
     """Rows a second the capture reads at most, all ranges of the process together (None:
-    no limit); chunks then ask for at most one second's rows."""
+    no limit); chunks then ask for at most ``chunk_target_seconds`` of them."""
     poll_seconds: float = 0.1
     emission_timeout_s: float = 600.0
     position_timeout_s: float = 120.0
@@ -548,7 +548,7 @@ class Capturer:
                 if not self.read_rate.wait(stop):
                     outcome = "interrupted"
                     break
-                limit = min(limit, self.read_rate.chunk_rows)
+                limit = min(limit, self.read_rate.chunk_rows(self.options.chunk_target_seconds))
             bounded = open_end and not past_bound
             began = time.monotonic()
             held, rows, last, reached_end = self._chunk(

@@ -98,8 +98,8 @@ class CaptureConfig:
     """...each of at least this many rows (smaller chunks are read by fewer selects)."""
     max_rows_per_s: float | None = None
     """At most this many rows a second read from the source by one capture process (None:
-    as fast as it goes), in chunks of at most one second's rows: spares a source whose
-    application must not feel the capture (`bench_impact`)."""
+    as fast as it goes), in chunks of at most ``chunk_target_seconds`` of them: spares a
+    source whose application must not feel the capture (`bench_impact`)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ class RowRate:
     The balance grows by ``rows_per_s`` a second up to one second's rows; a read may take it
     below zero, and the next :meth:`wait` lasts until it is back above. Over any stretch of
     ``t`` seconds from the start, the rows charged are at most ``rows_per_s * (t + 1)`` plus
-    the last read (:meth:`chunk_rows` bounds a read). Shared by the ranges a process runs.
+    the last read. Shared by the ranges a process runs.
     """
 
     def __init__(self, rows_per_s: float, *, clock: Callable[[], float] = time.monotonic,
@@ -28,11 +28,11 @@ class RowRate:
         self._balance = self.rows_per_s
         self._at = clock()
 
-    @property
-    def chunk_rows(self) -> int:
-        """The most rows one read should ask for: one second's, so the source serves a
-        throttled capture in short reads spread over time rather than in long bursts."""
-        return max(1, int(self.rows_per_s))
+    def chunk_rows(self, seconds: float) -> int:
+        """The most rows one read should ask for to take about ``seconds`` at the rate (a
+        chunk's target time: fewer, larger chunks keep their fixed costs small, so a
+        throttled capture still moves at about the rate)."""
+        return max(1, int(self.rows_per_s * seconds))
 
     def _refill(self) -> float:
         now = self._clock()

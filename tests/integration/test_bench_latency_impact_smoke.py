@@ -67,21 +67,24 @@ def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
 
 
 def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
-    # Pinned where it can be (its affinities are what can go wrong); unpinned is the same
-    # run without them, left to `make bench`.
-    placement = "pinned" if len(os.sched_getaffinity(0)) >= 2 else "unpinned"
+    # Pinned and throttled where it can be (its affinities and the read-rate limit are what
+    # can go wrong); pinned alone and unpinned are the same run without them, left to
+    # `make bench`.
+    placement = "pinned-throttled" if len(os.sched_getaffinity(0)) >= 2 else "unpinned"
     doc = _run("bench_impact", tmp_path / "impact.json", "impact", "--placements", placement)
     rows = {r["placement"]: r for r in doc["results"]}
     assert set(rows) == {placement}
     for row in rows.values():
-        for side in ("without", "with"):
+        for side in ("without", "tailer", "with"):
             _ordered(row[side])
             assert row[side]["achieved_tps"] > 0
         pipeline = row["with"]["pipeline"]
         assert pipeline["ramp_seconds"] > 0 and pipeline["rows_captured"] >= 0
         assert row["ratio"]["p50"] > 0 and row["ratio"]["p99"] > 0
-    if "pinned" in rows:
-        pinned = rows["pinned"]
+        assert row["ratio_tailer"]["p99"] > 0 and row["tailer"]["pipeline"]["tailer_batches"] > 0
+    if "pinned-throttled" in rows:
+        pinned = rows["pinned-throttled"]
+        assert pinned["max_rows_per_s"] == 3000
         assert pinned["mariadb_cpus"] == [pinned["app_cpus"]]
         assert pinned["with"]["writer_cpus"] == [[pinned["app_cpus"]]]
         placed = pinned["with"]["pipeline"]["pipeline_cpus"]

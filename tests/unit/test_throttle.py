@@ -39,9 +39,10 @@ def test_idle_time_buys_at_most_one_seconds_rows() -> None:
     assert rate.delay() == pytest.approx(1.0)
 
 
-def test_chunks_ask_for_one_seconds_rows() -> None:
-    assert RowRate(2500.7).chunk_rows == 2500
-    assert RowRate(0.5).chunk_rows == 1
+def test_chunks_ask_for_the_rows_of_their_target_time() -> None:
+    assert RowRate(2500.7).chunk_rows(1) == 2500
+    assert RowRate(1000).chunk_rows(15) == 15_000
+    assert RowRate(0.5).chunk_rows(1) == 1
 
 
 def test_a_stop_ends_the_wait() -> None:
@@ -58,10 +59,10 @@ def test_a_rate_must_be_positive(bad: float) -> None:
         RowRate(bad)
 
 
-@given(rows_per_s=st.floats(1, 1e6),
+@given(rows_per_s=st.floats(1, 1e6), chunk_seconds=st.floats(0.1, 30),
        reads=st.lists(st.tuples(st.floats(0, 10), st.floats(0, 1)), min_size=1, max_size=60))
 def test_rows_read_never_run_ahead_of_the_rate(
-        rows_per_s: float, reads: list[tuple[float, float]]) -> None:
+        rows_per_s: float, chunk_seconds: float, reads: list[tuple[float, float]]) -> None:
     """Readers that wait as told, read chunks of at most ``chunk_rows`` and pause as they
     like: at every read's start, the rows read so far are at most ``rate * (t + 1)`` plus
     one chunk, ``t`` the seconds since the start."""
@@ -73,7 +74,8 @@ def test_rows_read_never_run_ahead_of_the_rate(
         clock.now += pause
         clock.now += rate.delay()
         assert rate.delay() == 0
-        assert read <= rows_per_s * (clock.now - start + 1) + rate.chunk_rows + 1e-6
-        rows = int(rate.chunk_rows * share)
+        chunk = rate.chunk_rows(chunk_seconds)
+        assert read <= rows_per_s * (clock.now - start + 1) + chunk + 1e-6
+        rows = int(chunk * share)
         rate.charge(rows)
         read += rows
