@@ -9,9 +9,9 @@ table, ``--tps`` transactions/s, paced) times every statement including its COMM
 
 * without: nothing of dblog runs (the pipeline's SparkSession sits idle);
 * tailer: the tailer alone follows the binlog (in-process, the product's tail settings): what
-  following the log costs the source, apart from a capture;
-* with: a capture of the table runs as ``dblog capture`` runs it (an in-process background
-  tailer, the product's default chunk and tail settings, one SparkSession), started again
+  following the log costs the source, apart from a capture; then, beside that tailer,
+* with: a capture of the table runs as ``dblog capture`` runs it (the product's default chunk
+  settings, one SparkSession), started again
   whenever it finishes, so it runs for the whole measurement; writing starts once its first
   chunk was emitted (JVM warm), or after ``--ramp-timeout``.
 
@@ -179,39 +179,14 @@ def write_for(ep: Endpoints, db: str, args: argparse.Namespace, first_new: int,
             "last_id": max([first_new, *commits.key])}
 
 
-def with_tailer(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
-                first_new: int, cpus: tuple[int, ...]) -> dict[str, Any]:
-    """The writer while only the tailer runs (in-process): what following the log costs
-    the source, apart from a capture. Stops the tailer and removes its state after."""
-    from pipeline.background import BackgroundTailer
-    from pipeline.runtime import open_runtime
+def with_pipeline(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
+                  first_new: int, cpus: tuple[int, ...], max_rows_per_s: float | None = None,
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The writer while the tailer alone runs (in-process), then while captures of the table
+    run one after another beside it, read at most ``max_rows_per_s`` rows a second if set.
 
-    config = pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],
-                             lake=lake_dir(name) / "lake", server_id=replica_id(8150, 8199))
-    batches: list[tuple[int, float]] = []
-    try:
-        with open_runtime(config, spark=spark) as rt:
-            try:
-                with BackgroundTailer(rt.tailer(on_batch=record_batches(batches))) as bg:
-                    rt.wait_started(bg.check)
-                    written = write_for(ep, db, args, first_new, cpus, bg.check)
-            finally:
-                rt.state.delete("", recursive=True)
-    finally:
-        drop_zookeeper_root(ep.zk_hosts, config.zookeeper_root)
-        remove_lake(name)
-    return {**written, "pipeline": {"tailer_batches": len(batches),
-                                     "tailer_events": sum(e for e, _ in batches)}}
-
-
-def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
-                 first_new: int, cpus: tuple[int, ...], max_rows_per_s: float | None = None,
-                 ) -> dict[str, Any]:
-    """The writer while captures of the table run one after another (tailer in-process),
-    read at most ``max_rows_per_s`` rows a second if set.
-
-    Returns with the capture and the tailer still running (the process exits next); on a
-    failure they are stopped first."""
+    Returns both sides' figures, with the capture and the tailer still running (the process
+    exits next); on a failure they are stopped first."""
     from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
     from pipeline.runtime import open_runtime
@@ -234,6 +209,11 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
             rt.tailer(on_batch=record_batches(batches))).start()
         stack.callback(bg.stop)
         stack.callback(stop.set)
+        rt.wait_started(bg.check)
+        alone = write_for(ep, db, args, first_new, cpus, bg.check)
+        alone["pipeline"] = {"tailer_batches": len(batches),
+                             "tailer_events": sum(e for e, _ in batches)}
+        first_new = alone["last_id"] + 1
 
         def capture_loop() -> None:
             try:
@@ -270,7 +250,7 @@ def with_capture(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.N
     except BaseException:
         stack.close()
         raise
-    return {**written, "pipeline": {
+    return alone, {**written, "pipeline": {
         "ramp_seconds": round(ramp, 2), "first_chunk_before_writing": warm,
         "captures_finished": sum(f for _, f in captures),
         "capture_seconds_each": [round(s, 1) for s, f in captures if f],
@@ -295,21 +275,20 @@ def placement_main(ep: Endpoints, db: str, name: str, placement: Placement,
     try:
         spark = build_spark_session()
         row: dict[str, Any] = {}
-        for side in SIDES:
+        for sides in (("without",), ("tailer", "with")):
             load = round(os.getloadavg()[0], 2)
-            print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name}: {side} "
-                  f"(load average {load}) ...", flush=True)
-            if side == "without":
-                row[side] = write_for(ep, db, args, next_id, placement.app_cpus)
-            elif side == "tailer":
-                row[side] = with_tailer(ep, spark, db, f"{name}-tail", args, next_id,
-                                        placement.app_cpus)
+            print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name}: "
+                  f"{', then '.join(sides)} (load average {load}) ...", flush=True)
+            if sides == ("without",):
+                row["without"] = write_for(ep, db, args, next_id, placement.app_cpus)
             else:
-                row[side] = with_capture(ep, spark, db, name, args, next_id,
-                                         placement.app_cpus, placement.max_rows_per_s)
-            row[side]["loadavg_1m_before"] = load
-            next_id = row[side]["last_id"] + 1
-            print(f"    {row[side]}", flush=True)
+                row["tailer"], row["with"] = with_pipeline(
+                    ep, spark, db, name, args, next_id, placement.app_cpus,
+                    placement.max_rows_per_s)
+            for side in sides:
+                row[side]["loadavg_1m_before"] = load
+                print(f"    {side}: {row[side]}", flush=True)
+            next_id = row[sides[-1]]["last_id"] + 1
         out.send(row)
         status = 0
     except BaseException as exc:
