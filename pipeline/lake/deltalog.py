@@ -114,6 +114,25 @@ class DeltaTxn:
         """How many of the table's files may hold rows where ``condition`` holds (by their
         partition values and statistics), read as part of this transaction: a concurrent
         commit that adds such files makes :meth:`commit` fail."""
+        return int(self._filter_files(condition).size())
+
+    def records_where(self, condition: Column) -> tuple[int, int | None]:
+        """As :meth:`files_where`, with the rows those files hold (their ``numRecords``
+        statistics; None when a file has none): ``(files, rows)``."""
+        files = _python_list(self.spark, self._filter_files(condition, keep_num_records=True))
+        total: int | None = 0
+        for add in files:
+            stats = json.loads(str(add.stats() or "{}"))
+            if total is not None and isinstance(stats.get("numRecords"), int):
+                total += int(stats["numRecords"])
+            else:
+                total = None
+        return len(files), total
+
+    def _filter_files(self, condition: Column, *, keep_num_records: bool = False) -> Any:
+        """The table's files that may hold rows where ``condition`` holds, read as part of
+        this transaction (Delta's ``filterFiles``; their statistics keep only
+        ``numRecords``, and only if ``keep_num_records``)."""
         execution = self.spark.read.format("delta").load(self.path).where(condition) \
             ._jdf.queryExecution()
         # Filter(condition, <the table's scan>). Optimized: data skipping needs the bounds
@@ -124,8 +143,7 @@ class DeltaTxn:
             plan = execution.analyzed()
         predicate = plan.condition()
         # (filters, keepNumRecords): the one-argument overloads take files, not filters.
-        files = self._txn.filterFiles(_scala_seq(self.spark, [predicate]), False)
-        return int(files.size())
+        return self._txn.filterFiles(_scala_seq(self.spark, [predicate]), keep_num_records)
 
     def write_files(self, df: DataFrame) -> list[str]:
         """Write ``df`` as data files of the table, committing nothing; their ``add``

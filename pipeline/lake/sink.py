@@ -239,6 +239,16 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
     return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
 
 
+@dataclass(frozen=True)
+class _Appended:
+    """What :meth:`DeltaSink._append_new_chunk_rows` appended to a mirror: the chunks
+    (windows) it took rows of, how many rows, and the changes left to merge."""
+
+    windows: set[str]
+    rows: int
+    remaining: DataFrame
+
+
 @dataclass
 class MaintenanceReport:
     """Data files of a table's changelog and mirror before and after a compaction."""
@@ -1014,19 +1024,16 @@ class DeltaSink:
         truncated = summary["truncated"]
         if truncated is None:
             began = time.monotonic()
-            appended, appended_rows = self._append_fresh_chunks(table, changes, metadata, mark,
-                                                                rows)
-            if appended:
-                log.info("mirror of %s: %d rows of %d new chunks appended in %.2fs; %d "
-                         "changes left to merge", table, appended_rows, len(appended),
-                         time.monotonic() - began, rows - appended_rows)
-            if appended_rows == rows:
+            appended = self._append_new_chunk_rows(table, changes, metadata, mark, rows)
+            if appended.windows:
+                log.info("mirror of %s: %d rows of %d chunks appended in %.2fs; %d changes "
+                         "left to merge", table, appended.rows, len(appended.windows),
+                         time.monotonic() - began, rows - appended.rows)
+            if appended.rows == rows:
                 self._mirror_lsn[table] = mark
                 self._note_merged_through(table, mark)
                 return rows
-            if appended:
-                changes = changes.where(~(F.col(WINDOW_COLUMN).isin(sorted(appended))
-                                          & (F.col("op") == Op.READ.value)))
+            changes = appended.remaining
 
         def merge() -> None:
             with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id, self._mirror_spark):
@@ -1044,19 +1051,27 @@ class DeltaSink:
         self._note_merged_through(table, mark)
         return rows
 
-    def _append_fresh_chunks(self, table: TableId, changes: DataFrame,
-                             metadata: Mapping[str, Any], mark: int, rows: int
-                             ) -> tuple[set[str], int]:
-        """Append the ``r`` rows of every chunk among ``changes`` whose key span the mirror
-        holds no row in, in one commit, instead of merging them; the windows appended and
-        their rows. That commit carries the merge's mark when it holds all ``rows``.
+    def _append_new_chunk_rows(self, table: TableId, changes: DataFrame,
+                               metadata: Mapping[str, Any], mark: int, rows: int
+                               ) -> _Appended:
+        """Append the ``r`` rows of this merge's chunks whose keys the mirror lacks, in one
+        commit, instead of merging them; the rest of ``changes`` is left to merge. That
+        commit carries the merge's mark when it holds all ``rows``.
 
-        The same as merging them first: a MERGE would insert every one of them (no mirror
-        row has their keys), and the changes merged after them apply by position as they
-        would have (older ones lose to a chunk row, newer ones win, a delete removes it).
-        The mirror is read inside the append's transaction: a writer that adds a row in
-        such a span meanwhile (a tailer that lost its lock, merging late) makes the commit
-        fail, and then every change is merged."""
+        A chunk whose key span holds no mirror file is appended whole. One whose span holds
+        mirror files with fewer rows than half its own (a first capture while writers run:
+        their changes reached the mirror first, scattered over the key space) has its rows
+        whose keys the mirror lacks appended, and the others merged. Any other chunk (a
+        capture over a mirror that holds most of its keys, such as a repair) is merged
+        whole, as are chunks whose spans overlap another's of the same merge.
+
+        The same as merging them: a MERGE would insert every appended row (no mirror row
+        has its key), and the changes merged after them apply by position as they would
+        have (older ones lose to a chunk row, newer ones win, a delete removes it). The
+        mirror is read at the append's own snapshot and inside its transaction: a writer
+        that adds a row in such a span meanwhile (a tailer that lost its lock, merging
+        late) makes the commit fail, and then every change is merged."""
+        nothing = _Appended(set(), 0, changes)
         key = self.key_columns(table)
         first = key[0]
         chunk_rows = changes.where(F.col(WINDOW_COLUMN).isNotNull()
@@ -1067,36 +1082,66 @@ class DeltaSink:
             F.count(F.lit(1)).alias("rows"),
         ).collect()
         if not spans:
-            return set(), 0
+            return nothing
         columns = self.known_columns(table)
         dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
         target = F.col(quote_ident(first))
         path = self.layout.mirror(table)
         txn = DeltaTxn(self._mirror_spark, path)
-        fresh: dict[str, tuple[Any, Any, int]] = {}
+        whole: dict[str, tuple[Any, Any]] = {}
+        crowded: dict[str, tuple[Any, Any]] = {}
         for span in sorted(spans, key=lambda r: str(r[WINDOW_COLUMN])):
             low, high = span["low"], span["high"]
-            overlaps = any(not (high < lo or low > hi) for lo, hi, _ in fresh.values())
-            if overlaps or txn.files_where(
-                    (target >= _literal(low, dtype)) & (target <= _literal(high, dtype))):
+            taken = [*whole.values(), *crowded.values()]
+            if any(not (high < lo or low > hi) for lo, hi in taken):
                 continue
-            fresh[str(span[WINDOW_COLUMN])] = (low, high, int(span["rows"]))
-        if not fresh:
-            return set(), 0
+            files, held = txn.records_where(
+                (target >= _literal(low, dtype)) & (target <= _literal(high, dtype)))
+            if not files:
+                whole[str(span[WINDOW_COLUMN])] = (low, high)
+            elif held is not None and 2 * held < int(span["rows"]):
+                crowded[str(span[WINDOW_COLUMN])] = (low, high)
+        if not whole and not crowded:
+            return nothing
+        new_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(whole)))
+        remaining = changes.where(~(F.col(WINDOW_COLUMN).isin(sorted({*whole, *crowded}))
+                                    & (F.col("op") == Op.READ.value)))
+        if crowded:
+            held_keys = self._mirror_keys_at(txn, key, list(crowded.values()), dtype)
+            crowded_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(crowded)))
+            same_key = reduce(lambda a, b: a & b, [
+                F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
+            new_rows = new_rows.unionByName(crowded_rows.join(held_keys, same_key, "left_anti"))
+            remaining = remaining.unionByName(
+                crowded_rows.join(held_keys, same_key, "left_semi"))
         schema = T.StructType.fromJson(json.loads(txn.schema_json))
-        appended = sum(n for _, _, n in fresh.values())
-        new_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(fresh))).select(*[
+        actions = txn.write_files(new_rows.select(*[
             (F.col(f.name) if f.name in META_COLUMNS
              else F.col("after").getField(f.name)).cast(f.dataType).alias(f.name)
-            for f in schema.fields])
+            for f in schema.fields]))
+        appended = action_rows(actions)
         meta = {**metadata, MIRROR_LSN: mark} if appended == rows else dict(metadata)
         try:
-            txn.commit(txn.write_files(new_rows), meta)
+            txn.commit(actions, meta)
         except Exception as exc:
             if "Concurrent" not in type(exc).__name__ + str(exc):
                 raise
-            return set(), 0  # another writer in a span: everything is merged instead
-        return set(fresh), appended
+            return nothing  # another writer in a span: everything is merged instead
+        return _Appended({*whole, *crowded}, appended, remaining)
+
+    def _mirror_keys_at(self, txn: DeltaTxn, key: tuple[str, ...],
+                        spans: Sequence[tuple[Any, Any]], dtype: T.DataType) -> DataFrame:
+        """The keys of the mirror rows in ``spans`` (of the first key column) at ``txn``'s
+        snapshot, as columns ``_held_0``, ``_held_1``, ...: the same rows however often
+        the frame is computed, whatever is committed meanwhile."""
+        target = F.col(quote_ident(key[0]))
+        in_spans = reduce(lambda a, b: a | b, [
+            (target >= _literal(low, dtype)) & (target <= _literal(high, dtype))
+            for low, high in spans])
+        return (self._mirror_spark.read.format("delta")
+                .option("versionAsOf", txn.read_version).load(txn.path)
+                .where(in_spans)
+                .select(*[F.col(quote_ident(k)).alias(f"_held_{i}") for i, k in enumerate(key)]))
 
     @staticmethod
     def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:

@@ -1099,14 +1099,47 @@ def test_a_merge_of_new_chunks_alone_is_one_append_that_carries_the_mark(
 
 
 def test_a_chunk_over_keys_the_mirror_holds_is_merged(spark: Any, tmp_path: Path) -> None:
+    """A chunk whose span holds mirror files with half its rows or more (a repair capture
+    over a mirror that has its keys) is merged whole: no append."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     mirror = sink.layout.mirror(TABLE)
-    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2")]), 1, {})
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2"),
+                                              ev(Op.CREATE, 3, 101, name="old3")]), 1, {})
     emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3]))])
     assert _operations(spark, mirror)[-1] == "MERGE"
     assert "WRITE" not in _operations(spark, mirror)
     assert {r["id"]: r["name"] for r in rows(spark, mirror)} == {1: "r1", 2: "r2", 3: "r3"}
+
+
+def _metrics(spark: Any, path: str, operation: str) -> dict[str, str]:
+    """The operation metrics of the table's last commit of ``operation``."""
+    return dict(next(h for h in history(spark, path)
+                     if h["operation"] == operation)["operationMetrics"])
+
+
+def test_a_chunks_rows_the_mirror_lacks_are_appended_and_the_rest_merged(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Writers' changes reached the mirror before a first capture's chunk, so some keys
+    of its span are there: the chunk's other rows are appended (no MERGE of them), its
+    rows of those keys are merged with the batch's log changes, by position."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2"),
+                                              ev(Op.CREATE, 50, 101)]), 1, {})
+    emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(4,)}), named([1, 2, 3, 4, 5, 6]))],
+         events=[ev(Op.UPDATE, 4, 450, name="log4"), ev(Op.UPDATE, 5, 550, name="new5"),
+                 ev(Op.DELETE, 6, 650)], merge_mirror=False)
+    assert sink.merge_mirror(TABLE, 2, {}, through_lsn=650) == 8
+    assert _operations(spark, mirror)[-2:] == ["WRITE", "MERGE"]
+    assert _metrics(spark, mirror, "WRITE")["numOutputRows"] == "4"  # 1, 3, 5, 6
+    assert _metrics(spark, mirror, "MERGE")["numSourceRows"] == "4"  # 2 and three log rows
+    assert {r["id"]: (r["name"], r["_dblog_lsn"]) for r in rows(spark, mirror)} == {
+        1: ("r1", 500), 2: ("r2", 500), 3: ("r3", 500), 4: ("log4", 450),
+        5: ("new5", 550), 50: ("n50", 101)}
+    assert again_merged(spark, tmp_path) == 650
 
 
 def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
@@ -1140,6 +1173,39 @@ def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
     assert _operations(spark, mirror)[-2:] == ["MERGE", "MERGE"]  # the late one, then ours
     assert sorted((r["id"], r["name"]) for r in rows(spark, mirror)) == [
         (1, "r1"), (2, "late"), (3, "r3")]  # the late row's position equals the chunk's
+
+
+def test_a_writer_of_a_key_a_chunk_appends_meanwhile_makes_it_merged_instead(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above for a chunk whose span holds some mirror rows: another writer puts one of
+    the keys the append took for missing in the mirror before it commits. The append
+    fails on Delta's conflict check, every change is merged, no key is twice there."""
+    from delta.tables import DeltaTable
+
+    from pipeline.lake import sink as sink_module
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2")]), 1, {})
+    emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3, 4, 5]))],
+         merge_mirror=False)
+    write_files = sink_module.DeltaTxn.write_files
+
+    def late_writer_first(txn: Any, df: Any) -> list[str]:
+        late = spark.createDataFrame([(3, "late", 500, 3)],
+                                     "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
+        (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
+         .whenNotMatchedInsertAll().execute())
+        return write_files(txn, df)
+
+    monkeypatch.setattr(sink_module.DeltaTxn, "write_files", late_writer_first)
+    assert sink.merge_mirror(TABLE, 2, {}, through_lsn=500) == 5
+    monkeypatch.undo()
+    assert _operations(spark, mirror)[-2:] == ["MERGE", "MERGE"]  # the late one, then ours
+    assert sorted((r["id"], r["name"]) for r in rows(spark, mirror)) == [
+        (1, "r1"), (2, "r2"), (3, "late"), (4, "r4"), (5, "r5")]
 
 
 def test_the_mirror_is_read_for_a_span_by_its_files_statistics(
