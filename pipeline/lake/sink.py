@@ -1058,12 +1058,17 @@ class DeltaSink:
         commit, instead of merging them; the rest of ``changes`` is left to merge. That
         commit carries the merge's mark when it holds all ``rows``.
 
-        A chunk whose key span holds no mirror file is appended whole. One whose span holds
-        mirror files with fewer rows than half its own (a first capture while writers run:
-        their changes reached the mirror first, scattered over the key space) has its rows
-        whose keys the mirror lacks appended, and the others merged. Any other chunk (a
-        capture over a mirror that holds most of its keys, such as a repair) is merged
-        whole, as are chunks whose spans overlap another's of the same merge.
+        A chunk whose key span holds no mirror file, or mirror files with fewer rows than
+        half its own (a first capture while writers run: their changes reached the mirror
+        first, scattered over the key space), has its rows appended but for those of keys
+        the mirror holds or another of ``changes`` changes (merged with them, so that no
+        change of this merge rewrites the appended files). Any other chunk (a capture over a
+        mirror that holds most of its keys, such as a repair) is merged whole, as are chunks
+        whose spans overlap another's of the same merge.
+
+        ``changes`` may be read again after the append and then hold more rows (batches
+        committed meanwhile): a row appended may then be merged as well, which changes
+        nothing (its position is not newer than itself), and none is left out.
 
         The same as merging them: a MERGE would insert every appended row (no mirror row
         has its key), and the changes merged after them apply by position as they would
@@ -1103,17 +1108,20 @@ class DeltaSink:
                 crowded[str(span[WINDOW_COLUMN])] = (low, high)
         if not whole and not crowded:
             return nothing
-        new_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(whole)))
-        remaining = changes.where(~(F.col(WINDOW_COLUMN).isin(sorted({*whole, *crowded}))
-                                    & (F.col("op") == Op.READ.value)))
+        chosen = F.col(WINDOW_COLUMN).isin(sorted({*whole, *crowded})) \
+            & (F.col("op") == Op.READ.value)
+        taken_rows = changes.where(chosen)
+        others = changes.where(~chosen)
+        # Keys that keep a taken row out of the append: the mirror's (crowded spans) and
+        # those of the other changes (a later change would rewrite the appended file).
+        blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
         if crowded:
-            held_keys = self._mirror_keys_at(txn, key, list(crowded.values()), dtype)
-            crowded_rows = chunk_rows.where(F.col(WINDOW_COLUMN).isin(sorted(crowded)))
-            same_key = reduce(lambda a, b: a & b, [
-                F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
-            new_rows = new_rows.unionByName(crowded_rows.join(held_keys, same_key, "left_anti"))
-            remaining = remaining.unionByName(
-                crowded_rows.join(held_keys, same_key, "left_semi"))
+            blocking = blocking.unionByName(
+                self._mirror_keys_at(txn, key, list(crowded.values()), dtype))
+        same_key = reduce(lambda a, b: a & b, [
+            F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
+        new_rows = taken_rows.join(blocking, same_key, "left_anti")
+        remaining = others.unionByName(taken_rows.join(blocking, same_key, "left_semi"))
         schema = T.StructType.fromJson(json.loads(txn.schema_json))
         actions = txn.write_files(new_rows.select(*[
             (F.col(f.name) if f.name in META_COLUMNS

@@ -1057,9 +1057,10 @@ def test_new_chunks_are_appended_to_the_mirror_and_the_log_changes_merged_after(
     spark: Any, tmp_path: Path
 ) -> None:
     """The mirror holds nothing in two chunks' key spans: their rows are appended (one
-    WRITE, no MERGE of them), and the log changes of the same batches are merged after them
-    by position: an older insert of a chunk's key loses, a newer update wins, a newer
-    delete removes it, a key the window dropped comes from the log alone."""
+    WRITE, no MERGE of them) but for those of keys the log changes of the same batches
+    change, which are merged with those changes by position: an older insert of a chunk's
+    key loses, a newer update wins, a newer delete removes it, a key the window dropped
+    comes from the log alone. The MERGE rewrites no appended file."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     mirror = sink.layout.mirror(TABLE)
@@ -1072,6 +1073,8 @@ def test_new_chunks_are_appended_to_the_mirror_and_the_log_changes_merged_after(
                  ev(Op.DELETE, 11, 650)], merge_mirror=False)
     assert sink.merge_mirror(TABLE, 2, {}, through_lsn=650) == 10
     assert _operations(spark, mirror)[-2:] == ["WRITE", "MERGE"]
+    assert _metrics(spark, mirror, "WRITE")["numOutputRows"] == "2"  # 1 and 10
+    assert _metrics(spark, mirror, "MERGE")["numTargetFilesRemoved"] == "0"
     assert {r["id"]: (r["name"], r["_dblog_lsn"]) for r in rows(spark, mirror)} == {
         1: ("r1", 500), 2: ("r2", 500), 3: ("log3", 450), 4: ("new4", 550), 10: ("r10", 600),
         50: ("n50", 101)}
@@ -1123,7 +1126,8 @@ def test_a_chunks_rows_the_mirror_lacks_are_appended_and_the_rest_merged(
 ) -> None:
     """Writers' changes reached the mirror before a first capture's chunk, so some keys
     of its span are there: the chunk's other rows are appended (no MERGE of them), its
-    rows of those keys are merged with the batch's log changes, by position."""
+    rows of those keys, and of keys the batch's log changes change too, are merged with
+    those changes, by position, so that the MERGE rewrites no appended file."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     mirror = sink.layout.mirror(TABLE)
@@ -1134,8 +1138,10 @@ def test_a_chunks_rows_the_mirror_lacks_are_appended_and_the_rest_merged(
                  ev(Op.DELETE, 6, 650)], merge_mirror=False)
     assert sink.merge_mirror(TABLE, 2, {}, through_lsn=650) == 8
     assert _operations(spark, mirror)[-2:] == ["WRITE", "MERGE"]
-    assert _metrics(spark, mirror, "WRITE")["numOutputRows"] == "4"  # 1, 3, 5, 6
-    assert _metrics(spark, mirror, "MERGE")["numSourceRows"] == "4"  # 2 and three log rows
+    assert _metrics(spark, mirror, "WRITE")["numOutputRows"] == "2"  # 1 and 3
+    merged = _metrics(spark, mirror, "MERGE")
+    assert merged["numSourceRows"] == "4"  # the latest change of 2, 4, 5 and 6
+    assert merged["numTargetFilesRemoved"] == "1"  # that of key 2, not the appended one
     assert {r["id"]: (r["name"], r["_dblog_lsn"]) for r in rows(spark, mirror)} == {
         1: ("r1", 500), 2: ("r2", 500), 3: ("r3", 500), 4: ("log4", 450),
         5: ("new5", 550), 50: ("n50", 101)}
