@@ -1128,6 +1128,8 @@ class DeltaSink:
              else F.col("after").getField(f.name)).cast(f.dataType).alias(f.name)
             for f in schema.fields]))
         appended = action_rows(actions)
+        if not appended:
+            return nothing  # every row is merged: no empty commit
         meta = {**metadata, MIRROR_LSN: mark} if appended == rows else dict(metadata)
         try:
             txn.commit(actions, meta)

@@ -1181,6 +1181,22 @@ def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
         (1, "r1"), (2, "late"), (3, "r3")]  # the late row's position equals the chunk's
 
 
+def test_a_chunk_whose_every_key_changes_again_is_merged_without_an_append(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Every key of a new chunk changes again in the same merge: nothing is appended (no
+    empty commit either), and the latest change of each key wins in the MERGE."""
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, set()), named([1, 2]))],
+         events=[ev(Op.UPDATE, 1, 600, name="new1"), ev(Op.DELETE, 2, 650)],
+         merge_mirror=False)
+    assert sink.merge_mirror(TABLE, 1, {}, through_lsn=650) == 4
+    assert "WRITE" not in _operations(spark, mirror)
+    assert {r["id"]: r["name"] for r in rows(spark, mirror)} == {1: "new1"}
+
+
 def test_a_writer_of_a_key_a_chunk_appends_meanwhile_makes_it_merged_instead(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
