@@ -323,6 +323,12 @@ def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
     return F.lit(value).cast(dtype)
 
 
+def _between(column: SparkColumn, low: Any, high: Any, dtype: T.DataType) -> SparkColumn:
+    """``low <= column <= high``, the bounds as typed literals (Delta's data skipping reads
+    such a span from the files' statistics)."""
+    return (column >= _literal(low, dtype)) & (column <= _literal(high, dtype))
+
+
 def _compare(cols: Sequence[SparkColumn], bound: Key, types: Sequence[T.DataType],
              *, above: bool) -> SparkColumn:
     """Lexicographic ``cols > bound`` (``above``) or ``cols <= bound``, as SQL compares row
@@ -1093,31 +1099,28 @@ class DeltaSink:
         target = F.col(quote_ident(first))
         path = self.layout.mirror(table)
         txn = DeltaTxn(self._mirror_spark, path)
-        whole: dict[str, tuple[Any, Any]] = {}
-        crowded: dict[str, tuple[Any, Any]] = {}
+        taken: dict[str, tuple[Any, Any]] = {}  # window -> span of the first key column
+        crowded: list[tuple[Any, Any]] = []  # the spans of those that hold mirror files
         for span in sorted(spans, key=lambda r: str(r[WINDOW_COLUMN])):
             low, high = span["low"], span["high"]
-            taken = [*whole.values(), *crowded.values()]
-            if any(not (high < lo or low > hi) for lo, hi in taken):
+            if any(not (high < lo or low > hi) for lo, hi in taken.values()):
                 continue
-            files, held = txn.records_where(
-                (target >= _literal(low, dtype)) & (target <= _literal(high, dtype)))
-            if not files:
-                whole[str(span[WINDOW_COLUMN])] = (low, high)
-            elif held is not None and 2 * held < int(span["rows"]):
-                crowded[str(span[WINDOW_COLUMN])] = (low, high)
-        if not whole and not crowded:
+            files, held = txn.records_where(_between(target, low, high, dtype))
+            if files and (held is None or 2 * held >= int(span["rows"])):
+                continue
+            taken[str(span[WINDOW_COLUMN])] = (low, high)
+            if files:
+                crowded.append((low, high))
+        if not taken:
             return nothing
-        chosen = F.col(WINDOW_COLUMN).isin(sorted({*whole, *crowded})) \
-            & (F.col("op") == Op.READ.value)
+        chosen = F.col(WINDOW_COLUMN).isin(sorted(taken)) & (F.col("op") == Op.READ.value)
         taken_rows = changes.where(chosen)
         others = changes.where(~chosen)
         # Keys that keep a taken row out of the append: the mirror's (crowded spans) and
         # those of the other changes (a later change would rewrite the appended file).
         blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
         if crowded:
-            blocking = blocking.unionByName(
-                self._mirror_keys_at(txn, key, list(crowded.values()), dtype))
+            blocking = blocking.unionByName(self._mirror_keys_at(txn, key, crowded, dtype))
         same_key = reduce(lambda a, b: a & b, [
             F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
         new_rows = taken_rows.join(blocking, same_key, "left_anti")
@@ -1137,7 +1140,7 @@ class DeltaSink:
             if "Concurrent" not in type(exc).__name__ + str(exc):
                 raise
             return nothing  # another writer in a span: everything is merged instead
-        return _Appended({*whole, *crowded}, appended, remaining)
+        return _Appended(set(taken), appended, remaining)
 
     def _mirror_keys_at(self, txn: DeltaTxn, key: tuple[str, ...],
                         spans: Sequence[tuple[Any, Any]], dtype: T.DataType) -> DataFrame:
@@ -1145,9 +1148,8 @@ class DeltaSink:
         snapshot, as columns ``_held_0``, ``_held_1``, ...: the same rows however often
         the frame is computed, whatever is committed meanwhile."""
         target = F.col(quote_ident(key[0]))
-        in_spans = reduce(lambda a, b: a | b, [
-            (target >= _literal(low, dtype)) & (target <= _literal(high, dtype))
-            for low, high in spans])
+        in_spans = reduce(lambda a, b: a | b, [_between(target, low, high, dtype)
+                                                for low, high in spans])
         return (self._mirror_spark.read.format("delta")
                 .option("versionAsOf", txn.read_version).load(txn.path)
                 .where(in_spans)
@@ -1311,8 +1313,7 @@ class DeltaSink:
             if key_span is not None:
                 dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
                 target = F.col(f"t.{quote_ident(first)}")
-                on = (F.expr(str(on)) & (target >= _literal(key_span[0], dtype))
-                      & (target <= _literal(key_span[1], dtype)))
+                on = F.expr(str(on)) & _between(target, *key_span, dtype)
         values: dict[str, str | SparkColumn] = {
             quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
         }
