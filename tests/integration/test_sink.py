@@ -1148,6 +1148,27 @@ def test_a_chunks_rows_the_mirror_lacks_are_appended_and_the_rest_merged(
     assert again_merged(spark, tmp_path) == 650
 
 
+def _late_writer_before_the_append(monkeypatch: pytest.MonkeyPatch, spark: Any, mirror: str,
+                                   *, key: int, seq: int) -> None:
+    """Make the next mirror append find, just before it writes, that another writer put
+    row ``key`` ("late", at position (500, ``seq``)) in the mirror (undone by
+    ``monkeypatch.undo()``)."""
+    from delta.tables import DeltaTable
+
+    from pipeline.lake import sink as sink_module
+
+    write_files = sink_module.DeltaTxn.write_files
+
+    def late_writer_first(txn: Any, df: Any) -> list[str]:
+        late = spark.createDataFrame([(key, "late", 500, seq)],
+                                     "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
+        (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
+         .whenNotMatchedInsertAll().execute())
+        return write_files(txn, df)
+
+    monkeypatch.setattr(sink_module.DeltaTxn, "write_files", late_writer_first)
+
+
 def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1155,25 +1176,12 @@ def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
     another writer (a tailer that lost its lock, merging late) puts a row there: the append
     fails on Delta's conflict check, every change is merged instead, and no key is twice in
     the mirror."""
-    from delta.tables import DeltaTable
-
-    from pipeline.lake import sink as sink_module
-
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     mirror = sink.layout.mirror(TABLE)
     emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3]))],
          merge_mirror=False)
-    write_files = sink_module.DeltaTxn.write_files
-
-    def late_writer_first(txn: Any, df: Any) -> list[str]:
-        late = spark.createDataFrame([(2, "late", 500, 2)],
-                                     "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
-        (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
-         .whenNotMatchedInsertAll().execute())
-        return write_files(txn, df)
-
-    monkeypatch.setattr(sink_module.DeltaTxn, "write_files", late_writer_first)
+    _late_writer_before_the_append(monkeypatch, spark, mirror, key=2, seq=2)
     assert sink.merge_mirror(TABLE, 1, {}, through_lsn=500) == 3
     monkeypatch.undo()
     assert _operations(spark, mirror)[-2:] == ["MERGE", "MERGE"]  # the late one, then ours
@@ -1200,29 +1208,17 @@ def test_a_chunk_whose_every_key_changes_again_is_merged_without_an_append(
 def test_a_writer_of_a_key_a_chunk_appends_meanwhile_makes_it_merged_instead(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As above for a chunk whose span holds some mirror rows: another writer puts one of
-    the keys the append took for missing in the mirror before it commits. The append
-    fails on Delta's conflict check, every change is merged, no key is twice there."""
-    from delta.tables import DeltaTable
-
-    from pipeline.lake import sink as sink_module
-
+    """A chunk whose span holds some mirror rows: another writer (a tailer that lost its
+    lock, merging late) puts one of the keys the append took for missing in the mirror
+    before it commits. The append fails on Delta's conflict check, every change is
+    merged, no key is twice there."""
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
     mirror = sink.layout.mirror(TABLE)
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 2, 100, name="old2")]), 1, {})
     emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, set()), named([1, 2, 3, 4, 5]))],
          merge_mirror=False)
-    write_files = sink_module.DeltaTxn.write_files
-
-    def late_writer_first(txn: Any, df: Any) -> list[str]:
-        late = spark.createDataFrame([(3, "late", 500, 3)],
-                                     "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
-        (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
-         .whenNotMatchedInsertAll().execute())
-        return write_files(txn, df)
-
-    monkeypatch.setattr(sink_module.DeltaTxn, "write_files", late_writer_first)
+    _late_writer_before_the_append(monkeypatch, spark, mirror, key=3, seq=3)
     assert sink.merge_mirror(TABLE, 2, {}, through_lsn=500) == 5
     monkeypatch.undo()
     assert _operations(spark, mirror)[-2:] == ["MERGE", "MERGE"]  # the late one, then ours

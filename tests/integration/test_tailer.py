@@ -20,6 +20,18 @@ from tests.integration.checks import changelog_frame
 pytestmark = pytest.mark.integration
 
 
+def make_table(services: Endpoints, db: str, rows: int) -> Any:
+    """Database ``db`` with table ``t (id INT PRIMARY KEY, v INT)`` holding ids 1..``rows``
+    (``v = id``); the open connection."""
+    conn = connect(services)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {q(db)}")
+        cur.execute(f"CREATE TABLE {q(db)}.t (id INT PRIMARY KEY, v INT)")
+        cur.executemany(f"INSERT INTO {q(db)}.t VALUES (%s, %s)",  # noqa: S608
+                        [(i, i) for i in range(1, rows + 1)])
+    return conn
+
+
 def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -27,13 +39,7 @@ def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
     one micro-batch the first emits the chunk and the second must change nothing."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"hw_{uuid.uuid4().hex[:8]}"
-    conn = connect(services)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {q(db)}")
-        cur.execute(f"CREATE TABLE {q(db)}.t (id INT PRIMARY KEY, v INT)")
-        cur.executemany(f"INSERT INTO {q(db)}.t VALUES (%s, %s)",  # noqa: S608
-                        [(i, i) for i in range(1, 41)])
-    conn.close()
+    make_table(services, db, 40).close()
     config = parse_config(config_dict(
         source=f"hw-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
         lake=tmp_path / "lake", server_id=7501, chunk_size=25, batch_seconds=2.0,
@@ -85,12 +91,7 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"settled_{uuid.uuid4().hex[:8]}"
-    conn = connect(services)
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {q(db)}")
-        cur.execute(f"CREATE TABLE {q(db)}.t (id INT PRIMARY KEY, v INT)")
-        cur.executemany(f"INSERT INTO {q(db)}.t VALUES (%s, %s)",  # noqa: S608
-                        [(i, i) for i in range(1, 11)])
+    conn = make_table(services, db, 10)
     config = parse_config(config_dict(
         source=f"settled-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
         lake=tmp_path / "lake", server_id=7502, chunk_size=25, batch_seconds=2.0,
