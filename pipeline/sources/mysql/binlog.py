@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import NONE_SOURCE
 from pymysqlreplication.event import (
     FormatDescriptionEvent,
@@ -45,6 +44,13 @@ from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
 from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
 from pipeline.sources.mysql.connection import LogConnection, MySqlSettings, translate
+from pipeline.sources.mysql.dumpstream import (
+    DumpStream,
+    RawGtid,
+    RawHeartbeat,
+    RawRows,
+    RawXid,
+)
 from pipeline.sources.mysql.rowimage import ImageReader, compile_reader, full_bitmap
 from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
 from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
@@ -182,7 +188,8 @@ def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
 
 
 def _compiled(plan: _Plan, event: Any, update: bool) -> bytes | None:
-    """The rows part of the event when the compiled reader can decode it (full images)."""
+    """The rows part of a library event when the compiled reader can decode it (full
+    images)."""
     if (plan.image is None or not event.complete
             or event.columns_present_bitmap != plan.full
             or (update and event.columns_present_bitmap2 != plan.full)):
@@ -191,33 +198,52 @@ def _compiled(plan: _Plan, event: Any, update: bool) -> bytes | None:
     return body
 
 
-def row_images(plan: _Plan, event: Any) -> list[dict[str, Any]]:
-    """The decoded rows of a WRITE or DELETE rows event."""
-    body = _compiled(plan, event, False)
-    if body is None:
-        return [_decode(plan, row["values"], row["none_sources"]) for row in event.rows]
-    read, pos, end, rows = plan.image, 0, len(body), []
-    assert read is not None
+def _compiled_raw(plan: _Plan, event: RawRows) -> bool:
+    """Whether the compiled reader decodes the rows of a raw ROWS event (full images of
+    the table map's columns)."""
+    return (plan.image is not None and event.columns == len(plan.columns)
+            and event.present == plan.full
+            and (event.present_before is None or event.present_before == plan.full))
+
+
+def read_images(read: ImageReader, body: bytes) -> list[dict[str, Any]]:
+    """Every row image of a WRITE or DELETE event's rows part."""
+    pos, end, rows = 0, len(body), []
     while pos < end:
         row, pos = read(body, pos)
         rows.append(row)
     return rows
 
 
-def update_images(plan: _Plan, event: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The decoded (before, after) rows of an UPDATE rows event."""
-    body = _compiled(plan, event, True)
-    if body is None:
-        return [(_decode(plan, row["before_values"], row["before_none_sources"]),
-                 _decode(plan, row["after_values"], row["after_none_sources"]))
-                for row in event.rows]
-    read, pos, end, rows = plan.image, 0, len(body), []
-    assert read is not None
+def read_image_pairs(read: ImageReader, body: bytes
+                     ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every (before, after) image pair of an UPDATE event's rows part."""
+    pos, end, rows = 0, len(body), []
     while pos < end:
         before, pos = read(body, pos)
         after, pos = read(body, pos)
         rows.append((before, after))
     return rows
+
+
+def row_images(plan: _Plan, event: Any) -> list[dict[str, Any]]:
+    """The decoded rows of a library WRITE or DELETE rows event."""
+    body = _compiled(plan, event, False)
+    if body is None:
+        return [_decode(plan, row["values"], row["none_sources"]) for row in event.rows]
+    assert plan.image is not None
+    return read_images(plan.image, body)
+
+
+def update_images(plan: _Plan, event: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The decoded (before, after) rows of a library UPDATE rows event."""
+    body = _compiled(plan, event, True)
+    if body is None:
+        return [(_decode(plan, row["before_values"], row["before_none_sources"]),
+                 _decode(plan, row["after_values"], row["after_none_sources"]))
+                for row in event.rows]
+    assert plan.image is not None
+    return read_image_pairs(plan.image, body)
 
 
 def resets_rows(query: str) -> bool:
@@ -253,16 +279,20 @@ class MySqlLogReader:
     """A :class:`pipeline.sources.base.LogReader` over one server's binlog."""
 
     def __init__(
-        self, settings: MySqlSettings, start: Mapping[str, Any], tables: Iterable[TableId]
+        self, settings: MySqlSettings, start: Mapping[str, Any], tables: Iterable[TableId],
+        *, raw_events: bool = True,
     ) -> None:
+        """``raw_events=False`` has mysql-replication parse every event (the reader is
+        then slower; tests compare both ways)."""
         file, pos = native_position(start)
         self._settings = settings
+        self._raw_events = raw_events
         self._tracked = frozenset(tables)
         self._watermark = TableId(settings.watermark_database, WATERMARK_TABLE)
         self._boundary: dict[str, Any] = {"file": file, "pos": pos}
         self._file = file
         self._file_index = binlog_file_index(file)
-        self._stream: BinLogStreamReader | None = None
+        self._stream: DumpStream | None = None
         self._plans: dict[int, _Plan | None] = {}
         self._plan_cache: dict[tuple[Any, ...], _Plan] = {}
         self._closed = False
@@ -279,10 +309,10 @@ class MySqlLogReader:
         self._buffer: list[tuple[Any, ...]] = []
         self._touched: dict[TableId, TableSchema] = {}
 
-    def _open_stream(self) -> BinLogStreamReader:
+    def _open_stream(self) -> DumpStream:
         tables = self._tracked | {self._watermark}
         kwargs = self._settings.pymysql_kwargs()
-        return BinLogStreamReader(
+        return DumpStream(
             connection_settings=kwargs,
             pymysql_wrapper=LogConnection,
             server_id=self._settings.server_id,
@@ -349,11 +379,12 @@ class MySqlLogReader:
             if self._stream is None:
                 self._stream = self._open_stream()
             while len(out) < max_transactions and time.monotonic() < deadline:
-                event = self._stream.fetchone()
+                event = (self._stream.next_event() if self._raw_events
+                         else self._stream.fetchone())
                 if event is None:  # the server ended the dump: reconnect next time
                     self._drop_stream()
                     break
-                if isinstance(event, HeartbeatLogEvent):
+                if isinstance(event, HeartbeatLogEvent | RawHeartbeat):
                     if out:  # the server is idle: nothing more to wait for
                         break
                     continue
@@ -374,6 +405,16 @@ class MySqlLogReader:
     # -- event handling ---------------------------------------------------------------
 
     def _handle(self, event: Any) -> Transaction | None:
+        kind = type(event)
+        if kind is RawRows:
+            self._in_txn = True
+            self._on_raw_rows(event)
+            return None
+        if kind is RawXid:
+            return self._commit(event.log_pos, event.timestamp)
+        if kind is RawGtid:
+            self._begin_group(event.flags)
+            return None
         if isinstance(event, NotImplementedEvent | PartialUpdateRowsEvent):
             self._refuse_unreadable(event)
             return None
@@ -386,11 +427,9 @@ class MySqlLogReader:
             self._on_table_map(event)
             return None
         if isinstance(event, XidEvent):
-            return self._commit(event)
+            return self._commit(int(event.packet.log_pos), event.timestamp)
         if isinstance(event, MariadbGtidEvent):
-            self._reset_transaction()
-            self._in_txn = True
-            self._standalone = bool(event.flags & FL_STANDALONE)
+            self._begin_group(event.flags)
             return None
         if isinstance(event, QueryEvent):
             return self._on_query(event)
@@ -447,22 +486,55 @@ class MySqlLogReader:
         self._plans[event.table_id] = plan
 
     def _on_rows(self, event: Any) -> None:
+        """A ROWS event parsed by mysql-replication."""
         plan = self._plans.get(event.table_id)
         if plan is None:
             return
-        if event.number_of_columns != len(plan.columns):
+        self._check_columns(plan, int(event.number_of_columns))
+        offset = int(event.packet.log_pos)
+        if isinstance(event, UpdateRowsEvent):
+            self._take_rows(plan, "u", offset, update_images(plan, event))
+        elif isinstance(event, WriteRowsEvent):
+            self._take_rows(plan, "w", offset, row_images(plan, event))
+        elif not plan.watermark:
+            self._take_rows(plan, "d", offset, row_images(plan, event))
+
+    def _on_raw_rows(self, event: RawRows) -> None:
+        """A ROWS event read by its header: the compiled reader decodes its rows, or the
+        library does when the images are not full ones of the table map's columns."""
+        plan = self._plans.get(event.table_id)
+        if plan is None:
+            return
+        if plan.image is None or not _compiled_raw(plan, event):
+            assert self._stream is not None
+            parsed = self._stream.library_event(event)
+            if parsed is None:
+                raise SourceError(
+                    f"the rows event at {self._file}:{event.log_pos} of {plan.table} "
+                    "could not be parsed"
+                )
+            self._on_rows(parsed)
+            return
+        if event.kind == "u":
+            self._take_rows(plan, "u", event.log_pos, read_image_pairs(plan.image, event.body))
+        elif event.kind == "w" or not plan.watermark:
+            self._take_rows(plan, event.kind, event.log_pos, read_images(plan.image, event.body))
+
+    def _check_columns(self, plan: _Plan, columns: int) -> None:
+        if columns != len(plan.columns):
             raise SourceError(
-                f"rows event for {plan.table} has {event.number_of_columns} columns, its "
+                f"rows event for {plan.table} has {columns} columns, its "
                 f"table map {len(plan.columns)}"
             )
-        lsn_index, offset = self._file_index, int(event.packet.log_pos)
+
+    def _take_rows(self, plan: _Plan, kind: str, offset: int, images: Sequence[Any]) -> None:
+        """Buffer the changes (or watermarks) of one ROWS event: ``images`` are row images
+        (``w``, ``d``) or (before, after) pairs (``u``)."""
+        lsn_index = self._file_index
         seq = 0
-        if plan.watermark:
-            if isinstance(event, DeleteRowsEvent):
-                return
-            images = ([after for _, after in update_images(plan, event)]
-                      if isinstance(event, UpdateRowsEvent) else row_images(plan, event))
-            for values in images:
+        if plan.watermark:  # a watermark is written or updated, never read from a delete
+            for image in images:
+                values = image[1] if kind == "u" else image
                 value = values.get("value")
                 if value is not None:
                     position = Position.from_binlog(lsn_index, offset, seq)
@@ -473,8 +545,8 @@ class MySqlLogReader:
         key_names = plan.schema.key
         table = plan.table
         buffer = self._buffer
-        if isinstance(event, UpdateRowsEvent):
-            for before, after in update_images(plan, event):
+        if kind == "u":
+            for before, after in images:
                 old_key = tuple(before[k] for k in key_names)
                 new_key = tuple(after[k] for k in key_names)
                 if old_key == new_key:
@@ -488,14 +560,14 @@ class MySqlLogReader:
                     buffer.append(("c", table, Op.CREATE, new_key, None, after, position))
                     seq += 2
             return
-        op = Op.CREATE if isinstance(event, WriteRowsEvent) else Op.DELETE
-        for image in row_images(plan, event):
+        create = kind == "w"
+        for image in images:
             key = tuple(image[k] for k in key_names)
             position = Position.from_binlog(lsn_index, offset, seq)
-            if op is Op.CREATE:
-                buffer.append(("c", table, op, key, None, image, position))
+            if create:
+                buffer.append(("c", table, Op.CREATE, key, None, image, position))
             else:
-                buffer.append(("c", table, op, key, image, None, position))
+                buffer.append(("c", table, Op.DELETE, key, image, None, position))
             seq += 1
 
     def _on_query(self, event: Any) -> Transaction | None:
@@ -506,7 +578,7 @@ class MySqlLogReader:
             self._in_txn = True
             return None
         if word == "COMMIT":
-            return self._commit(event)
+            return self._commit(int(event.packet.log_pos), event.timestamp)
         if word == "ROLLBACK":
             self._boundary = {"file": self._file, "pos": int(event.packet.log_pos)}
             self._reset_transaction()
@@ -524,16 +596,21 @@ class MySqlLogReader:
             self._buffer.append(("s", SchemaChange(table, query, position, resets, rewrites)))
         if self._in_txn and not self._standalone:
             return None
-        return self._commit(event)
+        return self._commit(int(event.packet.log_pos), event.timestamp)
 
-    def _commit(self, event: Any) -> Transaction | None:
-        offset = int(event.packet.log_pos)
+    def _begin_group(self, gtid_flags: int) -> None:
+        """A MariaDB GTID event: a new event group (transaction) starts."""
+        self._reset_transaction()
+        self._in_txn = True
+        self._standalone = bool(gtid_flags & FL_STANDALONE)
+
+    def _commit(self, offset: int, timestamp: int) -> Transaction | None:
         self._boundary = {"file": self._file, "pos": offset}
         buffer, touched = self._buffer, self._touched
         self._reset_transaction()
         if not buffer:
             return None
-        ts = int(event.timestamp) * 1000
+        ts = int(timestamp) * 1000
         items: list[LogItem] = []
         for entry in buffer:
             kind = entry[0]
