@@ -106,6 +106,13 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
     ``pyproject.toml``, and ``tests/integration/test_dumpstream.py`` reads the same binlog
     both ways and compares every transaction."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checksum_bytes = 0
+        """The CRC32 at the end of every event (when the server writes checksums)."""
+        self._rows_v1_post_header = True
+        """Whether the FORMAT_DESCRIPTION gives ROWS v1 events the post-header read here."""
+
     def _private(self, name: str) -> Any:
         """A private attribute of the library's ``BinLogStreamReader``."""
         return getattr(self, _PRIVATE + name)
@@ -116,6 +123,7 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
         while True:
             if not self._private("connected_stream"):
                 self._private("connect_to_stream")()
+                self._checksum_bytes = 4 if self._private("use_checksum") else 0
             if not self._private("connected_ctl"):
                 self._private("connect_to_ctl")()
             try:
@@ -179,16 +187,13 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
 
     def _raw_rows(self, pkt: Any, data: bytes, kind: str, timestamp: int, log_pos: int
                   ) -> Any:
-        lengths = self._private("post_header_lengths")
-        event_type = data[5]
-        if lengths and len(lengths) >= event_type and lengths[event_type - 1] != \
-                ROWS_V1_POST_HEADER:
+        if not self._rows_v1_post_header:
             return None  # a post-header this reader does not know: the library reads it
         table_id = self._table_id(data)
         if table_id not in self.table_map:  # a table the library filtered out
             self._advance(log_pos)
             return _SKIP
-        end = len(data) - (4 if self._private("use_checksum") else 0)
+        end = len(data) - self._checksum_bytes
         coded = _length_coded(data, _HEADER_END + ROWS_V1_POST_HEADER)
         if coded is None:
             return None
@@ -246,7 +251,11 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
             self.log_pos = wrapped.log_pos
         if wrapped.event_type == BINLOG.FORMAT_DESCRIPTION_EVENT and event is not None:
             self.mysql_version = event.mysql_version
-            setattr(self, _PRIVATE + "post_header_lengths", event.post_header_len)
+            lengths = event.post_header_len
+            setattr(self, _PRIVATE + "post_header_lengths", lengths)
+            self._rows_v1_post_header = not lengths or all(
+                len(lengths) < kind or lengths[kind - 1] == ROWS_V1_POST_HEADER
+                for kind in ROWS_V1)
         if wrapped.event_type == BINLOG.TABLE_MAP_EVENT and event is not None:
             self.table_map[event.table_id] = event.get_table()
         if event is None or event.__class__ not in self._private("allowed_events"):
