@@ -162,49 +162,45 @@ def _string_code(i: int, col: Any, length_size: int, env: dict[str, Any]) -> lis
 
 @dataclass(frozen=True, slots=True)
 class _DecimalLayout:
-    """The digit groups of a NEWDECIMAL(precision, decimals) column, worked out once."""
+    """The digit groups of a NEWDECIMAL(precision, decimals) column, worked out once.
 
-    integral_words: int
-    integral_head: int
-    """Bytes of the leading integral group (fewer than 9 digits)."""
-    fraction_words: int
-    fraction_tail: int
-    """Bytes of the trailing fractional group."""
-    fraction_tail_digits: int
+    MySQL stores a decimal as big-endian groups of up to nine digits (the leading integral
+    and trailing fractional groups shorter), the first bit flipped as the sign, every bit
+    inverted when negative. Each group's value, times ten to the digits right of it,
+    sums to the unscaled value."""
+
     size: int
+    sign_bit: int
+    all_bits: int
+    groups: tuple[tuple[int, int, int], ...]
+    """Per group: its shift from the right end, its bit mask, its decimal weight."""
+    decimals: int
 
 
 def _decimal_layout(precision: int, decimals: int) -> _DecimalLayout:
     integral_words, integral_digits = divmod(precision - decimals, 9)
     fraction_words, fraction_digits = divmod(decimals, 9)
     head, tail = _COMPRESSED_BYTES[integral_digits], _COMPRESSED_BYTES[fraction_digits]
-    return _DecimalLayout(integral_words, head, fraction_words, tail, fraction_digits,
-                          head + 4 * integral_words + 4 * fraction_words + tail)
+    sizes = ([(head, integral_digits)] if head else []) + [(4, 9)] * integral_words \
+        + [(4, 9)] * fraction_words + ([(tail, fraction_digits)] if tail else [])
+    total = sum(size for size, _ in sizes)
+    groups, shift, weight = [], 0, 1
+    for size, digits in reversed(sizes):
+        groups.append((shift, (1 << 8 * size) - 1, weight))
+        shift, weight = shift + 8 * size, weight * 10**digits
+    return _DecimalLayout(total, 1 << (8 * total - 1), (1 << 8 * total) - 1,
+                          tuple(reversed(groups)), decimals)
 
 
 def _read_decimal(buf: bytes, pos: int, layout: _DecimalLayout
                   ) -> tuple[decimal.Decimal, int]:
-    """NEWDECIMAL, digit groups as mysql-replication reads them (its string, its sign)."""
-    first = buf[pos]
-    if first & 0x80:
-        res, mask = "", 0
-    else:
-        res, mask = "-", -1
-    data = bytes([first ^ 0x80]) + buf[pos + 1:pos + layout.size]
-    at = 0
-    size = layout.integral_head
-    if size > 0:
-        res += str(int.from_bytes(data[at:at + size], "big", signed=True) ^ mask)
-        at += size
-    for _ in range(layout.integral_words):
-        res += f"{int.from_bytes(data[at:at + 4], 'big', signed=True) ^ mask:09d}"
-        at += 4
-    res += "."
-    for _ in range(layout.fraction_words):
-        res += f"{int.from_bytes(data[at:at + 4], 'big', signed=True) ^ mask:09d}"
-        at += 4
-    size = layout.fraction_tail
-    if size > 0:
-        value = int.from_bytes(data[at:at + size], "big", signed=True) ^ mask
-        res += f"{value:0{layout.fraction_tail_digits}d}"
-    return decimal.Decimal(res), pos + layout.size
+    """NEWDECIMAL, equal to mysql-replication's value (sign, digits and exponent)."""
+    end = pos + layout.size
+    bits = int.from_bytes(buf[pos:end], "big")
+    negative = not bits & layout.sign_bit
+    bits ^= (layout.all_bits ^ layout.sign_bit) if negative else layout.sign_bit
+    unscaled = 0
+    for shift, mask, weight in layout.groups:
+        unscaled += ((bits >> shift) & mask) * weight
+    text = f"-{unscaled}E-{layout.decimals}" if negative else f"{unscaled}E-{layout.decimals}"
+    return decimal.Decimal(text), end
