@@ -166,7 +166,9 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
         data: bytes = pkt._data
         if len(data) < _HEADER_END:
             return None
-        timestamp, event_type, _, _, log_pos, _ = _HEADER.unpack_from(data)
+        timestamp, event_type, _, event_size, log_pos, _ = _HEADER.unpack_from(data)
+        if event_size != len(data) - 1:
+            return None  # not the event its header describes: the library reads it
         kind = ROWS_V1.get(event_type)
         if kind is not None:
             return self._raw_rows(pkt, data, kind, timestamp, log_pos)
