@@ -1,10 +1,16 @@
-"""Committed transactions from the MariaDB/MySQL binlog, via mysql-replication.
+"""Committed transactions from the MariaDB/MySQL binlog.
+
+mysql-replication holds the binlog connection and parses the rarer events; the events of row
+transactions are read from their bytes by :mod:`pipeline.sources.mysql.dumpstream` and their
+row images by :mod:`pipeline.sources.mysql.rowimage`.
 
 The reader keeps one blocking binlog connection with a short server heartbeat, so
 :meth:`MySqlLogReader.read` returns within about ``max_wait_s`` (+ one heartbeat). Rows are
 buffered until their transaction commits (XID event or COMMIT query); a partial transaction
-survives between calls. If the connection fails, the partial transaction is dropped and the
-next call reconnects at the last transaction boundary, so nothing is lost or repeated.
+survives between calls. A connection lost while reading (errors 2013/2006) is re-opened by
+the stream at the last event's position, as mysql-replication does; any other failure drops
+the partial transaction, and the next call reconnects at the last transaction boundary, so
+nothing is lost or repeated.
 
 Row images are decoded with the columns of the TABLE_MAP event that precedes them
 (``binlog_row_metadata=FULL``: names, signedness, ENUM/SET values, primary key), never from
