@@ -15,14 +15,18 @@ import time
 import uuid
 from typing import Any
 
+import pymysql
 import pytest
 
+from pipeline import services as local
 from pipeline.events import TableId
+from pipeline.services import Endpoints
 from pipeline.sources.base import Transaction
 from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.binlog import MySqlLogReader
 from pipeline.sources.mysql.dumpstream import DumpStream, RawRows
-from pipeline.sources.mysql.sqltext import quote_table
+from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from tests.integration.helpers import make_settings
 from tests.integration.test_mysql_source import execute
 
 pytestmark = pytest.mark.integration
@@ -144,3 +148,49 @@ def test_raw_rows_events_are_read_for_the_common_path(
         reader.close()
     assert [t.items[0].key for t in got] == [(k,) for k in range(50)]  # type: ignore[union-attr]
     assert to_library == []
+
+
+def test_table_ids_reused_by_a_restarted_server_decode_each_table_as_itself(
+        services: Endpoints) -> None:
+    """Table ids start over when MariaDB restarts, and the dump enters the file a restarted
+    server began with a fake rotation. The first user table opened after each start tends
+    to get the same id: table ``a`` after one restart, table ``b`` after the next. A reader
+    from before ``a``'s write meets ``b``'s table map under ``a``'s id; it must decode ``b``'s
+    row as ``b``'s, not skip the map as known (before, ``b``'s row came out as a change of
+    ``a``, on both paths)."""
+    db = f"t_ids_{uuid.uuid4().hex[:8]}"
+    a, b = TableId(db, "a"), TableId(db, "b")
+    server = local.MariaDB(local.dblog_home(), local.endpoints())
+
+    def connect() -> Any:
+        return pymysql.connect(host=services.host, port=services.mariadb_port,
+                               user=services.user, password=services.mariadb_password,
+                               autocommit=True)
+
+    with connect() as conn:
+        execute(conn, f"CREATE DATABASE {quote_ident(db)}",
+                f"CREATE TABLE {quote_table(a)} (id INT PRIMARY KEY, v INT)",
+                f"CREATE TABLE {quote_table(b)} (id INT PRIMARY KEY, w INT)")
+    dialect = MySqlDialect(make_settings(services, watermark_database=db))
+    try:
+        server.down()
+        server.up()
+        start = dialect.head_position()
+        with connect() as conn:
+            execute(conn, f"INSERT INTO {quote_table(a)} VALUES (1, 10)")
+        server.down()
+        server.up()
+        with connect() as conn:
+            execute(conn, f"INSERT INTO {quote_table(b)} VALUES (2, 20)")
+        for raw in (True, False):
+            reader = MySqlLogReader(dialect.settings, start, [a, b], raw_events=raw)
+            try:
+                got = [item for t in _read_all(reader, 2) for item in t.items]
+            finally:
+                reader.close()
+            assert [(i.table, i.after) for i in got] == [  # type: ignore[union-attr]
+                (a, {"id": 1, "v": 10}), (b, {"id": 2, "w": 20})], f"raw_events={raw}"
+    finally:
+        dialect.close()
+        with connect() as conn:
+            execute(conn, f"DROP DATABASE IF EXISTS {quote_ident(db)}")

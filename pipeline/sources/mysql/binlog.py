@@ -319,6 +319,7 @@ class MySqlLogReader:
         tables = self._tracked | {self._watermark}
         kwargs = self._settings.pymysql_kwargs()
         return DumpStream(
+            raw_events=self._raw_events,
             connection_settings=kwargs,
             pymysql_wrapper=LogConnection,
             server_id=self._settings.server_id,
@@ -385,8 +386,7 @@ class MySqlLogReader:
             if self._stream is None:
                 self._stream = self._open_stream()
             while len(out) < max_transactions and time.monotonic() < deadline:
-                event = (self._stream.next_event() if self._raw_events
-                         else self._stream.fetchone())
+                event = self._stream.next_event()
                 if event is None:  # the server ended the dump: reconnect next time
                     self._drop_stream()
                     break
@@ -440,10 +440,14 @@ class MySqlLogReader:
         if isinstance(event, QueryEvent):
             return self._on_query(event)
         if isinstance(event, RotateEvent):
+            moved = event.next_binlog != self._file
             self._file = event.next_binlog
             self._file_index = binlog_file_index(self._file)
-            if event.timestamp != 0:  # a real rotation (not the dump's first event):
-                self._plans.clear()  # the library forgets table ids too (restart safety)
+            if moved or event.timestamp != 0:
+                # Table ids hold within one binlog file: a restarted server numbers its
+                # tables anew in the file it begins (the stream forgets them too).
+                self._plans.clear()
+            if event.timestamp != 0:  # a real rotation (not the dump's first event)
                 if not self._in_txn:
                     self._boundary = {"file": self._file, "pos": int(event.position)}
             return None

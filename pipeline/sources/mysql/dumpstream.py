@@ -109,8 +109,15 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
     ``pyproject.toml``, and ``tests/integration/test_dumpstream.py`` reads the same binlog
     both ways and compares every transaction."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    table_map: dict[int, Any]
+    mysql_version: Any
+    log_file: Any
+    log_pos: Any
+
+    def __init__(self, *args: Any, raw_events: bool = True, **kwargs: Any) -> None:
+        """``raw_events=False``: the library parses every event (for comparison)."""
         super().__init__(*args, **kwargs)
+        self._raw_events = raw_events
         self._checksum_bytes = 0
         """The CRC32 at the end of every event (when the server writes checksums)."""
         self._rows_v1_post_header = True
@@ -164,7 +171,7 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
         """A ``Raw*`` event, ``_SKIP`` for an event the library would skip, or None when the
         library is to read this one."""
         data: bytes = pkt._data
-        if len(data) < _HEADER_END:
+        if not self._raw_events or len(data) < _HEADER_END:
             return None
         timestamp, event_type, _, event_size, log_pos, _ = _HEADER.unpack_from(data)
         if event_size != len(data) - 1:
@@ -248,10 +255,14 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
         wrapped = self._wrap(pkt)
         event = wrapped.event
         if wrapped.event_type == BINLOG.ROTATE_EVENT:
+            # Table ids hold within one binlog file. The library forgets them at a real
+            # rotation only; but a restarted server begins a new file, numbering its tables
+            # anew, and the dump enters it with a fake rotation (timestamp 0). A fake
+            # rotation to the file being read (a reconnect, maybe mid-transaction) keeps them.
+            if wrapped.timestamp != 0 or event.next_binlog != self.log_file:
+                self.table_map = {}
             self.log_pos = event.position
             self.log_file = event.next_binlog
-            if wrapped.timestamp != 0:  # a real rotation: table ids may be reused
-                self.table_map = {}
         elif wrapped.log_pos:
             self.log_pos = wrapped.log_pos
         if wrapped.event_type == BINLOG.FORMAT_DESCRIPTION_EVENT and event is not None:
