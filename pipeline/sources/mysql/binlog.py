@@ -205,10 +205,9 @@ def _compiled(plan: _Plan, event: Any, update: bool) -> bytes | None:
 
 
 def _compiled_raw(plan: _Plan, event: RawRows) -> bool:
-    """Whether the compiled reader decodes the rows of a raw ROWS event (full images of
-    the table map's columns)."""
-    return (plan.image is not None and event.columns == len(plan.columns)
-            and event.present == plan.full
+    """Whether the images of a raw ROWS event are full ones of the table map's columns
+    (what the compiled reader, when the plan has one, decodes)."""
+    return (event.columns == len(plan.columns) and event.present == plan.full
             and (event.present_before is None or event.present_before == plan.full))
 
 

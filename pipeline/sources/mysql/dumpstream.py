@@ -15,7 +15,8 @@ library's connection handling and its parsing of every other event, and reads th
   library skips it.
 
 Everything the library does per event that the reader relies on is kept: its position for
-its own reconnects (lost connection), its table map (cleared at a real rotation), the
+its own reconnects (lost connection), its table map (cleared whenever the stream moves to
+another binlog file: table ids start over when a server restarts), the
 server version and post-header lengths of the FORMAT_DESCRIPTION.
 """
 
@@ -31,9 +32,6 @@ from pymysqlreplication.binlogstream import MYSQL_EXPECTED_ERROR_CODES
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.packet import BinLogPacketWrapper
 
-# The Raw* events are built once per binlog event and read once: plain slotted classes,
-# since a frozen dataclass's __init__ costs six times as much (~3.7 against 0.6 us).
-
 ROWS_V1 = {BINLOG.WRITE_ROWS_EVENT_V1: "w", BINLOG.UPDATE_ROWS_EVENT_V1: "u",
            BINLOG.DELETE_ROWS_EVENT_V1: "d"}
 """ROWS event types read here, and what they do (v2 events, MySQL's, go to the library)."""
@@ -41,6 +39,9 @@ ROWS_V1_POST_HEADER = 8  # table id (6), flags (2)
 _HEADER = struct.Struct("<xIBIIIH")  # OK byte, then the 19-byte event header
 _HEADER_END = 20
 _PRIVATE = "_BinLogStreamReader__"
+
+# The Raw* events are built once per binlog event and read once: plain slotted classes,
+# since a frozen dataclass's __init__ costs six times as much (~3.7 against 0.6 us).
 
 
 @dataclass(slots=True)
@@ -58,7 +59,6 @@ class RawRows:
     body: bytes
     """The row images."""
     log_pos: int
-    timestamp: int
     packet: Any
     """The packet, for :meth:`DumpStream.library_event`."""
 
@@ -76,7 +76,6 @@ class RawGtid:
     """A MariaDB GTID event (the start of an event group)."""
 
     flags: int
-    log_pos: int
 
 
 @dataclass(slots=True)
@@ -178,7 +177,7 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
             return None  # not the event its header describes: the library reads it
         kind = ROWS_V1.get(event_type)
         if kind is not None:
-            return self._raw_rows(pkt, data, kind, timestamp, log_pos)
+            return self._raw_rows(pkt, data, kind, log_pos)
         if event_type == BINLOG.TABLE_MAP_EVENT:
             if self._private("freeze_schema") and self._table_id(data) in self.table_map:
                 self._advance(log_pos)
@@ -191,14 +190,13 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
             if len(data) < _HEADER_END + 13:
                 return None
             self._advance(log_pos)
-            return RawGtid(data[_HEADER_END + 12], log_pos)
+            return RawGtid(data[_HEADER_END + 12])
         if event_type == BINLOG.HEARTBEAT_LOG_EVENT:
             self._advance(log_pos)
             return HEARTBEAT
         return None
 
-    def _raw_rows(self, pkt: Any, data: bytes, kind: str, timestamp: int, log_pos: int
-                  ) -> Any:
+    def _raw_rows(self, pkt: Any, data: bytes, kind: str, log_pos: int) -> Any:
         if not self._rows_v1_post_header:
             return None  # a post-header this reader does not know: the library reads it
         table_id = self._table_id(data)
@@ -219,7 +217,7 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
             return None
         self._advance(log_pos)
         return RawRows(kind, table_id, columns, present, present_before, data[pos:end],
-                       log_pos, timestamp, pkt)
+                       log_pos, pkt)
 
     @staticmethod
     def _table_id(data: bytes) -> int:
