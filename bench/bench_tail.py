@@ -28,6 +28,10 @@ later); a tailer runs for days, so ``warm`` is its speed, ``cold`` that of a fre
 (``dblog tail --until-caught-up`` on a short range).
 
 Prints row-events/s of each and dblog / baseline, and writes ``bench/results/tail.json``.
+dblog's time is also split where its last batch committed: ``changelog / baseline`` is the
+rate until every event was in the changelog; ``last MERGE wait`` is the rest of the run, the
+mirror's last MERGE (which a run ends with). A tailer that runs on merges every
+``tail.mirror_every_s`` beside its batches; a short range pays one MERGE at its end.
 
     .venv/bin/python -m bench.bench_tail [--events 100000] [--warmup-seconds 120] [--smoke]
 """
@@ -209,7 +213,16 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
     profile = Profile()
     for method in ("_events_df", "_commit_changelog", "_merge_mirror"):
         profile.wrap(rt.sink, method, f"sink.{method}")
-    tailer = rt.tailer(on_batch=record_batches(batches))
+    record = record_batches(batches)
+    last_batch_at = 0.0
+
+    def on_batch(report: Any) -> None:
+        nonlocal last_batch_at
+        record(report)
+        if not report.mirror_only:
+            last_batch_at = time.perf_counter()
+
+    tailer = rt.tailer(on_batch=on_batch)
     began = time.perf_counter()
     try:
         summary = tailer.run(until_caught_up=True)
@@ -217,8 +230,14 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
         profile.unwrap()
     seconds = time.perf_counter() - began
     write = sum(s for _, s in batches)
+    # Until the last batch committed, every event is in the changelog; after it the run
+    # waits for the mirror's last MERGE (a run ends with every mirror merged).
+    changelog = (last_batch_at - began) if last_batch_at else seconds
     return {"row_events": summary.events, "batches": summary.batches,
             "seconds": round(seconds, 2), "row_events_per_s": summary.events / seconds,
+            "changelog_seconds": round(changelog, 2),
+            "changelog_row_events_per_s": summary.events / changelog,
+            "mirror_wait_seconds": round(seconds - changelog, 2),
             "delta_write_seconds": round(write, 2),
             "read_decode_seconds": round(seconds - write, 2),
             "max_batch_events": max((e for e, _ in batches), default=0),
@@ -316,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                             "shape": shape, "jvm": jvm, "range": gen, "baseline": base,
                             "dblog": tail, "reader_alone": alone,
                             "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
+                            "changelog_ratio": (tail["changelog_row_events_per_s"]
+                                                / base["row_events_per_s"]),
                             "reader_ratio": (alone["row_events_per_s"]
                                              / base["row_events_per_s"]),
                         })
@@ -329,11 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         ["shape", "JVM", "row events", "transactions", "baseline ev/s", "reader alone ev/s",
          "reader / baseline", "dblog ev/s", "dblog / baseline", "dblog s", "of which Delta s",
-         "batches"],
+         "batches", "changelog / baseline", "last MERGE wait s"],
         [[r["shape"], r["jvm"], r["baseline"]["row_events"], r["range"]["transactions"] or "?",
           r["baseline"]["row_events_per_s"], r["reader_alone"]["row_events_per_s"],
           r["reader_ratio"], r["dblog"]["row_events_per_s"], r["ratio"],
-          r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"], r["dblog"]["batches"]]
+          r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"], r["dblog"]["batches"],
+          r["changelog_ratio"], r["dblog"]["mirror_wait_seconds"]]
          for r in results],
     )
     parameters = {

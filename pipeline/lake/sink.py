@@ -279,6 +279,11 @@ def _metadata_json(metadata: Mapping[str, Any]) -> str:
     return json.dumps(metadata, sort_keys=True, default=str)
 
 
+def _is_chunk_row() -> SparkColumn:
+    """A changelog row a chunk emitted (``r`` with its window), not a log event."""
+    return F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == Op.READ.value)
+
+
 def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
@@ -1018,6 +1023,7 @@ class DeltaSink:
             F.max("_dblog_lsn").alias("top"),
             F.max(F.when(F.col("op") == TRUNCATE_OP,
                          F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
+            F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
         ).first()
         rows = int(summary["rows"]) if summary is not None else 0
         if rows == 0:
@@ -1028,7 +1034,7 @@ class DeltaSink:
         assert summary is not None
         mark = int(through_lsn if through_lsn is not None else summary["top"])
         truncated = summary["truncated"]
-        if truncated is None:
+        if truncated is None and summary["chunk_rows"]:
             began = time.monotonic()
             appended = self._append_new_chunk_rows(table, changes, metadata, mark, rows)
             if appended.windows:
@@ -1085,9 +1091,7 @@ class DeltaSink:
         nothing = _Appended(set(), 0, changes)
         key = self.key_columns(table)
         first = key[0]
-        chunk_rows = changes.where(F.col(WINDOW_COLUMN).isNotNull()
-                                   & (F.col("op") == Op.READ.value))
-        spans = chunk_rows.groupBy(WINDOW_COLUMN).agg(
+        spans = changes.where(_is_chunk_row()).groupBy(WINDOW_COLUMN).agg(
             F.min(F.col("after").getField(first)).alias("low"),
             F.max(F.col("after").getField(first)).alias("high"),
             F.count(F.lit(1)).alias("rows"),
