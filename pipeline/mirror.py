@@ -17,6 +17,23 @@ from pipeline.state import PositionState
 MergeFn = Callable[[PositionState, frozenset[TableId]], None]
 
 
+def mirror_due(*, unmerged_for_s: float | None, unmerged_events: int, backlogged: bool,
+               every_s: float, every_s_behind: float, max_events: int) -> bool:
+    """Whether the batches the mirrors lack should be merged now.
+
+    ``unmerged_for_s``: how old the oldest of them is (None: there are none). They are
+    merged once that is ``every_s``, or ``every_s_behind`` (if longer) while the tailer is
+    ``backlogged`` (more of the log read or waiting than written): a MERGE costs seconds
+    of the same two cores whatever it holds, and a tailer behind the log needs them to
+    catch up; its mirror is behind by the lag anyway. Or once they hold ``max_events``."""
+    if unmerged_for_s is None:
+        return False
+    if unmerged_events >= max_events:
+        return True
+    every = max(every_s, every_s_behind) if backlogged else every_s
+    return unmerged_for_s >= every
+
+
 class MirrorMerger:
     """One background thread running ``merge(committed, tables)`` for the latest request."""
 
@@ -86,4 +103,4 @@ class MirrorMerger:
                 self._cond.notify_all()
 
 
-__all__ = ["MirrorMerger"]
+__all__ = ["MirrorMerger", "mirror_due"]

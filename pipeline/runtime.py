@@ -100,6 +100,7 @@ class Runtime:
             window_expiry_s=tail.window_expiry_s,
             maintain_every_s=tail.maintain_every_s,
             mirror_every_s=tail.mirror_every_s,
+            mirror_every_s_behind=tail.mirror_every_s_behind,
         )
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
                       tables=self.config.table_ids if tables is None else tuple(tables),

@@ -36,7 +36,7 @@ from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_
 from pipeline.faults import crash_point
 from pipeline.handoff import ChunkFiles, ChunkPin, chunk_path
 from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
-from pipeline.mirror import MirrorMerger
+from pipeline.mirror import MirrorMerger, mirror_due
 from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import (
     SchemaChange,
@@ -108,6 +108,9 @@ class TailOptions:
     merged in one MERGE once the oldest of them is this old, once they hold
     ``mirror_max_events`` events, when the tailer is idle with no chunk window open, and
     when a run ends (0: after every batch)."""
+    mirror_every_s_behind: float = 60.0
+    """...or this often (if longer) while the tailer is behind the log: its reader read
+    more than the tailer wrote (:func:`pipeline.mirror.mirror_due`)."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
     chunk_files_timeout_s: float = 300.0
@@ -391,7 +394,7 @@ class Tailer:
             self._note_unmerged(tables, events)
             assert self._merger is not None
             self._merger.check()
-            if self._mirror_due():
+            if self._mirror_due(backlogged=reader.behind or not reader.drained):
                 self._request_merge(committed.value)
             self._replay_outcomes = None
             pending = _Pending(start=dict(committed.value.source_position))
@@ -442,7 +445,8 @@ class Tailer:
                     docs = self._refresh_windows()
                     if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                         self._expire_windows(docs)
-                    if cut is None and (self._mirror_due() or not self._proc.open_windows):
+                    if cut is None and (self._mirror_due(backlogged=False)
+                                        or not self._proc.open_windows):
                         self._request_merge(committed.value)
             return self._finish(summary, committed.value)
         except _StopRequested:
@@ -477,12 +481,17 @@ class Tailer:
         self._unmerged |= tables
         self._unmerged_events += events
 
-    def _mirror_due(self) -> bool:
-        """Whether the batches the mirrors lack are old or many enough to merge now."""
-        if not self._unmerged or self._unmerged_since is None:
-            return False
-        return (time.monotonic() - self._unmerged_since >= self.options.mirror_every_s
-                or self._unmerged_events >= self.options.mirror_max_events)
+    def _mirror_due(self, *, backlogged: bool) -> bool:
+        """Whether the batches the mirrors lack are old or many enough to merge now
+        (``backlogged``: the reader holds or finds more of the log than was written)."""
+        since = self._unmerged_since
+        return mirror_due(
+            unmerged_for_s=None if not self._unmerged or since is None
+            else time.monotonic() - since,
+            unmerged_events=self._unmerged_events, backlogged=backlogged,
+            every_s=self.options.mirror_every_s,
+            every_s_behind=self.options.mirror_every_s_behind,
+            max_events=self.options.mirror_max_events)
 
     def _request_merge(self, committed: PositionState) -> None:
         """Hand the tables written since the last request to the mirror merger."""

@@ -30,6 +30,9 @@ def test_good_config(tmp_path: Path) -> None:
     assert throttled.capture.max_rows_per_s == 2500.0
     assert config.tail.maintain_every_s == 3600.0
     assert parse_config({**GOOD, "tail": {"maintain_every_s": 0}}).tail.maintain_every_s == 0
+    assert config.tail.mirror_every_s_behind == 60.0
+    behind = parse_config({**GOOD, "tail": {"mirror_every_s_behind": 0}}).tail
+    assert behind.mirror_every_s_behind == 0
     assert config.lake == str((tmp_path / "lake").resolve())
 
 
@@ -83,6 +86,7 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
          "source.host is missing"),
         ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
         ({"tail": {"maintain_every_s": -1}}, r"tail.maintain_every_s must be .*\(0: off\)"),
+        ({"tail": {"mirror_every_s_behind": "1m"}}, r"tail.mirror_every_s_behind must be"),
         ({"source": {**GOOD["source"], "kind": "postgres"}}, "source.database"),
         ({"source": {**GOOD["source"], "slot": "s"}}, "unknown keys for kind 'mariadb': slot"),
         ({"source": {**GOOD["source"], "kind": "postgres", "database": "d", "server_id": 1,

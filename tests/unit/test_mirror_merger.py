@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.events import Position, TableId
-from pipeline.mirror import MirrorMerger
+from pipeline.mirror import MirrorMerger, mirror_due
 from pipeline.state import PositionState
 
 A, B, C = TableId("d", "a"), TableId("d", "b"), TableId("d", "c")
@@ -73,3 +75,49 @@ def test_close_drops_requests_not_started() -> None:
     merger.close()
     assert merges in ([1], [2], [])  # the running one finishes; the queued one is dropped
     assert not merger._thread.is_alive()
+
+
+# ---- when the mirror merges -----------------------------------------------------------
+
+def due(for_s: float | None, events: int = 10, *, backlogged: bool = False,
+        every_s: float = 10.0, every_s_behind: float = 60.0, max_events: int = 500) -> bool:
+    return mirror_due(unmerged_for_s=for_s, unmerged_events=events, backlogged=backlogged,
+                      every_s=every_s, every_s_behind=every_s_behind, max_events=max_events)
+
+
+def test_a_tailer_that_keeps_up_merges_every_mirror_every_s() -> None:
+    assert not due(None)
+    assert not due(9.9)
+    assert due(10.0)
+
+
+def test_a_tailer_behind_the_log_merges_less_often_but_by_size_as_ever() -> None:
+    assert not due(10.0, backlogged=True)
+    assert not due(59.9, backlogged=True)
+    assert due(60.0, backlogged=True)
+    assert due(1.0, 500, backlogged=True)
+    assert due(0.0, 500)
+
+
+def test_the_longer_period_applies_behind_and_zero_turns_the_deferral_off() -> None:
+    assert not due(100.0, backlogged=True, every_s=120.0)
+    assert due(120.0, backlogged=True, every_s=120.0)
+    assert due(0.0, backlogged=True, every_s=0.0, every_s_behind=0.0)
+    assert due(0.0, every_s=0.0)
+
+
+@given(for_s=st.one_of(st.none(), st.floats(0, 1e4)), events=st.integers(0, 10_000),
+       every_s=st.floats(0, 1e3), every_s_behind=st.floats(0, 1e3),
+       max_events=st.integers(1, 10_000))
+def test_being_behind_only_ever_delays_a_merge_and_never_past_its_size_bound(
+        for_s: float | None, events: int, every_s: float, every_s_behind: float,
+        max_events: int) -> None:
+    behind = due(for_s, events, backlogged=True, every_s=every_s,
+                 every_s_behind=every_s_behind, max_events=max_events)
+    keeping_up = due(for_s, events, every_s=every_s, every_s_behind=every_s_behind,
+                     max_events=max_events)
+    assert keeping_up or not behind
+    if for_s is not None and (events >= max_events or for_s >= max(every_s, every_s_behind)):
+        assert behind
+    if for_s is None:
+        assert not keeping_up
