@@ -17,13 +17,26 @@ from pipeline.state import PositionState
 MergeFn = Callable[[PositionState, frozenset[TableId]], None]
 
 
+BEHIND_LAG_S = 10.0
+"""A tailer whose last written transaction committed longer ago than this is behind the
+log. (By the source's clock against the tailer's: a source clock that lags the tailer's by
+more than this makes every tailer look behind, and its mirror merge every
+``tail.mirror_every_s_behind``.)"""
+
+
+def behind_the_log(commit_ts_ms: int | None, now_s: float) -> bool:
+    """Whether a tailer whose last written transaction committed at ``commit_ts_ms``
+    (None: unknown) is behind the log at ``now_s`` (seconds since the epoch)."""
+    return commit_ts_ms is not None and now_s - commit_ts_ms / 1000 > BEHIND_LAG_S
+
+
 def mirror_due(*, unmerged_for_s: float | None, unmerged_events: int, backlogged: bool,
                every_s: float, every_s_behind: float, max_events: int) -> bool:
     """Whether the batches the mirrors lack should be merged now.
 
     ``unmerged_for_s``: how old the oldest of them is (None: there are none). They are
     merged once that is ``every_s``, or ``every_s_behind`` (if longer) while the tailer is
-    ``backlogged`` (more of the log read or waiting than written): a MERGE costs seconds
+    ``backlogged`` (:func:`behind_the_log`): a MERGE costs seconds
     of the same two cores whatever it holds, and a tailer behind the log needs them to
     catch up; its mirror is behind by the lag anyway. Or once they hold ``max_events``."""
     if unmerged_for_s is None:
@@ -103,4 +116,4 @@ class MirrorMerger:
                 self._cond.notify_all()
 
 
-__all__ = ["MirrorMerger", "mirror_due"]
+__all__ = ["BEHIND_LAG_S", "MirrorMerger", "behind_the_log", "mirror_due"]

@@ -36,7 +36,7 @@ from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_
 from pipeline.faults import crash_point
 from pipeline.handoff import ChunkFiles, ChunkPin, chunk_path
 from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
-from pipeline.mirror import MirrorMerger, mirror_due
+from pipeline.mirror import MirrorMerger, behind_the_log, mirror_due
 from pipeline.prefetch import PrefetchingReader
 from pipeline.sources.base import (
     SchemaChange,
@@ -109,8 +109,8 @@ class TailOptions:
     ``mirror_max_events`` events, when the tailer is idle with no chunk window open, and
     when a run ends (0: after every batch)."""
     mirror_every_s_behind: float = 60.0
-    """...or this often (if longer) while the tailer is behind the log: its reader read
-    more than the tailer wrote (:func:`pipeline.mirror.mirror_due`)."""
+    """...or this often (if longer) while the tailer is behind the log: the last
+    transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`pipeline.mirror`)."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
     chunk_files_timeout_s: float = 300.0
@@ -394,7 +394,8 @@ class Tailer:
             self._note_unmerged(tables, events)
             assert self._merger is not None
             self._merger.check()
-            if self._mirror_due(backlogged=reader.behind or not reader.drained):
+            if self._mirror_due(backlogged=behind_the_log(committed.value.commit_ts_ms,
+                                                          time.time())):
                 self._request_merge(committed.value)
             self._replay_outcomes = None
             pending = _Pending(start=dict(committed.value.source_position))
@@ -483,7 +484,7 @@ class Tailer:
 
     def _mirror_due(self, *, backlogged: bool) -> bool:
         """Whether the batches the mirrors lack are old or many enough to merge now
-        (``backlogged``: the reader holds or finds more of the log than was written)."""
+        (``backlogged``: the tailer is behind the log, :func:`behind_the_log`)."""
         since = self._unmerged_since
         return mirror_due(
             unmerged_for_s=None if not self._unmerged or since is None

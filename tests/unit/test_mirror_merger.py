@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.events import Position, TableId
-from pipeline.mirror import MirrorMerger, mirror_due
+from pipeline.mirror import BEHIND_LAG_S, MirrorMerger, behind_the_log, mirror_due
 from pipeline.state import PositionState
 
 A, B, C = TableId("d", "a"), TableId("d", "b"), TableId("d", "c")
@@ -121,3 +121,12 @@ def test_being_behind_only_ever_delays_a_merge_and_never_past_its_size_bound(
         assert behind
     if for_s is None:
         assert not keeping_up
+
+
+def test_a_tailer_is_behind_once_its_last_transaction_is_older_than_the_lag_bound() -> None:
+    now = 1_800_000_000.0
+    assert not behind_the_log(None, now)
+    assert not behind_the_log(int(now * 1000), now)
+    assert not behind_the_log(int((now - BEHIND_LAG_S) * 1000), now)
+    assert behind_the_log(int((now - BEHIND_LAG_S - 0.5) * 1000), now)
+    assert not behind_the_log(int((now + 30) * 1000), now)  # a source clock ahead
