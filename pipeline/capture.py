@@ -138,9 +138,6 @@ ORDER_COLUMN = "_dblog_read_order"
 """A chunk's rows are tagged with their read order (monotonic across JDBC partitions read
 in key order) to find the last row in the database's order, not Spark's, and to number the
 rows in key order without sorting them."""
-_UNLIMITED = 2**31 - 1
-"""The ``LIMIT`` of a read partition: its planned key range bounds it."""
-
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -627,7 +624,7 @@ class Capturer:
         else:
             selected = reduce(DataFrame.union, [
                 self.dialect.read_chunk(self.spark, ChunkSpec(
-                    table, _UNLIMITED, after_key=lo, upper_key=upper if hi is None else hi),
+                    table, None, after_key=lo, upper_key=upper if hi is None else hi),
                     schema)
                 for lo, hi in zip(bounds, bounds[1:], strict=False)])
         order = ORDER_COLUMN
@@ -645,7 +642,11 @@ class Capturer:
         else:
             end = bounds[-1]
             outcome = planned_outcome(after=after, upper=upper, end=end, ends_range=ends_range)
-            last = end if end is not None else (read_last if read_last is not None else after)
+            # The chunk read (after, end], or (after, upper] when end is None: the next one
+            # starts there whatever order the rows came in (a planned select has no LIMIT,
+            # and MariaDB drops the ORDER BY of a subquery it merges).
+            last = end if end is not None else (
+                upper if upper is not None else read_last if read_last is not None else after)
         deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
             "last_key": key_to_json(last),
@@ -667,18 +668,18 @@ class Capturer:
         return held, rows, last, outcome.final
 
     def _read_plan(self, table: TableId, after: Key | None, upper: Key | None,
-                   limit: int) -> list[Key | None] | None:
-        """The key bounds ``[after, k1, ..., end]`` of a chunk of ``limit`` rows read by
-        several selects at once, ``(after, k1], (k1, k2], ...``; ``end`` None: fewer rows
-        were left up to ``upper``, and the last select reads to it. None: one select with a
-        ``LIMIT`` (a chunk too small to split).
+                   limit: int) -> list[Key | None]:
+        """The key bounds ``[after, k1, ..., end]`` of a chunk of ``limit`` rows read by one
+        select, or by several at once, ``(after, k1], (k1, k2], ...``; ``end`` None: fewer
+        rows were left up to ``upper``, and the last select reads to it.
 
         Planned before the low watermark, from the primary-key index (each bound reads as
         many index entries as its part has rows). Rows inserted into a part meanwhile are
-        read with it: the chunk is ``(after, end]``, whatever it holds at its select."""
-        parts = min(self.options.read_partitions, limit // self.options.read_partition_rows)
-        if parts < 2:
-            return None
+        read with it: the chunk is ``(after, end]``, whatever it holds at its select. The
+        selects have no ``LIMIT``: the source streams their rows instead of materializing
+        each select first (see ``build_chunk_sql``)."""
+        parts = max(1, min(self.options.read_partitions,
+                           limit // self.options.read_partition_rows))
         return plan_chunk_reads(after, upper, limit, parts,
                                 partial(self.dialect.key_after, table))
 

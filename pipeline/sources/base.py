@@ -126,11 +126,14 @@ class ChunkSpec:
 
     Bounds are ``(after_key, upper_key]``: exclusive below, inclusive above, None = open.
     ``keys`` limits the chunk to those primary keys; ``where`` is an operator-supplied SQL
-    filter (trusted configuration, never end-user data).
+    filter (trusted configuration, never end-user data). ``limit`` None: no ``LIMIT``, the
+    key bounds alone bound the chunk (planned before its select); without a ``LIMIT`` the
+    select, as Spark's JDBC reader wraps it in a subquery, is merged into its outer query
+    by MariaDB instead of being materialized in a temporary table first.
     """
 
     table: TableId
-    limit: int
+    limit: int | None
     after_key: Key | None = None
     upper_key: Key | None = None
     keys: Sequence[Key] | None = None

@@ -79,3 +79,15 @@ def test_postgres_benches_smoke(services: Endpoints, spark: SparkSession,
     assert writers["dblog"]["writers"]["transactions"] > 0
     for row in (idle, writers):
         assert row["dblog"]["complete"] and row["ratio"] > 0
+
+
+def test_select_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
+    from bench import bench_select
+
+    out = tmp_path / "select.json"
+    assert bench_select.main(["--smoke", "--output", str(out)]) == 0
+    doc = smoke_result(out, "select")
+    for variant in ("LIMIT", "planned"):
+        assert doc["results"][variant]["rows"] == 2000
+        assert doc["results"][variant]["seconds"] > 0
+    assert doc["results"]["planned_over_limit"]["seconds"] > 0

@@ -311,6 +311,36 @@ def test_composite_key_chunks_walk_the_table_once_in_order(
     assert [(r["a"], r["b"]) for r in bounded.collect()] == db_order[4:21]
 
 
+def test_a_planned_chunk_is_streamed_in_key_order_not_materialized(
+    dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
+) -> None:
+    """A chunk bounded by planned keys has no LIMIT, so MariaDB merges the subquery Spark's
+    JDBC reader wraps it in (one with a LIMIT is materialized whole in a temporary table
+    before the first row is sent), and its rows still come in the database's key order."""
+    table = TableId(db, "planned")
+    execute(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b VARCHAR(20) NOT NULL,"
+                 " v INT, PRIMARY KEY (a, b))")
+    names = ["x", "Y", "é", "中", "a b", "it's", "z😀"]
+    with sql.cursor() as cur:
+        cur.executemany(f"INSERT INTO {quote_table(table)} VALUES (%s, %s, %s)",
+                        [(a, n, a) for a in range(1, 6) for n in names])
+        cur.execute(f"SELECT a, b FROM {quote_table(table)} ORDER BY a, b")
+        db_order = [tuple(r) for r in cur.fetchall()]
+    schema = dialect.table_schema(table)
+
+    def select_types(spec: ChunkSpec) -> set[str]:
+        with sql.cursor() as cur:
+            cur.execute(f"EXPLAIN SELECT * FROM ({dialect.chunk_sql(spec, schema)}) "
+                        "SPARK_GEN_SUBQ_0")
+            return {str(row[1]) for row in cur.fetchall()}
+
+    planned = ChunkSpec(table, None, after_key=db_order[3], upper_key=db_order[30])
+    assert select_types(planned) == {"SIMPLE"}
+    assert "DERIVED" in select_types(ChunkSpec(table, 27, after_key=db_order[3]))
+    got = read_chunk(spark, dialect, planned, schema).collect()
+    assert [(r["a"], r["b"]) for r in got] == db_order[4:31]
+
+
 def test_chunk_keys_list_and_where_filter(
     dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
 ) -> None:

@@ -261,6 +261,14 @@ def test_chunk_sql_shape() -> None:
     assert " WHERE " not in build_chunk_sql(ChunkSpec(table, 5), schema)
 
 
+def test_a_planned_chunk_select_has_no_limit() -> None:
+    table = TableId("d", "t")
+    schema = schema_of(table, ("a", "INT", "int"), ("v", "STRING", "varchar"), key=("a",))
+    planned = build_chunk_sql(ChunkSpec(table, None, after_key=(1,), upper_key=(9,)), schema)
+    assert planned.endswith(" WHERE ((`a` > 1)) AND ((`a` <= 9)) ORDER BY `d`.`t`.`a`")
+    assert "LIMIT" not in planned
+
+
 def test_chunk_sql_refuses_bad_input() -> None:
     table = TableId("d", "t")
     schema = schema_of(table, ("a", "INT", "int"), key=("a",))

@@ -109,6 +109,19 @@ def test_string_literals_are_letters_digits_and_unicode_escapes(value: str) -> N
     assert decoded == value
 
 
+def test_a_chunk_select_has_a_limit_unless_planned() -> None:
+    from pipeline.events import TableId
+    from pipeline.sources.base import ChunkSpec, Column, TableSchema
+    from pipeline.sources.postgres.snapshot import build_chunk_sql
+
+    table = TableId("public", "t")
+    schema = TableSchema(table, (Column("a", "INT", False, "integer"),), ("a",))
+    limited = build_chunk_sql(ChunkSpec(table, 7, after_key=(1,)), schema)
+    assert limited.endswith(' ORDER BY "public"."t"."a" LIMIT 7')
+    planned = build_chunk_sql(ChunkSpec(table, None, after_key=(1,), upper_key=(9,)), schema)
+    assert planned.endswith(' ORDER BY "public"."t"."a"') and "LIMIT" not in planned
+
+
 def test_identifiers_are_quoted() -> None:
     assert quote_ident('a "b"') == '"a ""b"""'
     with pytest.raises(ConfigError):

@@ -75,8 +75,15 @@ def key_bounds_sql(schema: TableSchema, lower: Key | None, upper: Key | None,
 
 def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     """SELECT for one chunk: all columns in table order, ``(after_key, upper_key]``, ``keys``,
-    ``where``, ordered by the primary key, ``LIMIT``; values rendered as safe literals."""
-    if not isinstance(spec.limit, int) or isinstance(spec.limit, bool) or spec.limit <= 0:
+    ``where``, ordered by the primary key, ``LIMIT`` (none when ``spec.limit`` is None);
+    values rendered as safe literals.
+
+    Spark's JDBC reader wraps the select in a subquery. MariaDB materializes a subquery with
+    a ``LIMIT`` (a temporary table, on disk for a large chunk) before the first row is sent,
+    and merges one without into the outer query (then the range scan of the primary key
+    gives the key order; its ``ORDER BY`` is dropped)."""
+    if spec.limit is not None and (not isinstance(spec.limit, int)
+                                   or isinstance(spec.limit, bool) or spec.limit <= 0):
         raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
@@ -95,7 +102,7 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     table = quote_table(schema.table)
     return (
         f"SELECT {', '.join(projections)} FROM {table}"  # noqa: S608 - quoted identifiers and validated literals only
-        f"{where} ORDER BY {_order_by(schema)} LIMIT {int(spec.limit)}"
+        f"{where} ORDER BY {_order_by(schema)}{_limit(spec.limit)}"
     )
 
 
@@ -118,6 +125,10 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
             term = f"CONCAT({term})"
         terms.append(term + (" DESC" if descending else ""))
     return ", ".join(terms)
+
+
+def _limit(limit: int | None) -> str:
+    return "" if limit is None else f" LIMIT {int(limit)}"
 
 
 def _key_select(schema: TableSchema, after_key: Key | None, doing: str,

@@ -52,8 +52,10 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
 
 def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     """SELECT of one chunk: every column projected to its canonical form, ``(after_key,
-    upper_key]``, ``keys``, ``where``, in key order, ``LIMIT``."""
-    if not isinstance(spec.limit, int) or isinstance(spec.limit, bool) or spec.limit <= 0:
+    upper_key]``, ``keys``, ``where``, in key order, ``LIMIT`` (none when ``spec.limit`` is
+    None)."""
+    if spec.limit is not None and (not isinstance(spec.limit, int)
+                                   or isinstance(spec.limit, bool) or spec.limit <= 0):
         raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
@@ -68,7 +70,11 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
         conditions.append(f"(\n{spec.where}\n)")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
-            f"{where} ORDER BY {_order_by(schema)} LIMIT {int(spec.limit)}")
+            f"{where} ORDER BY {_order_by(schema)}{_limit(spec.limit)}")
+
+
+def _limit(limit: int | None) -> str:
+    return "" if limit is None else f" LIMIT {int(limit)}"
 
 
 def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
