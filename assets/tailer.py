@@ -39,7 +39,7 @@ from dagster import (
 from assets.naming import TAILER_TAG, TableAssets, safe_name, tailer_job_name
 from pipeline.config import load_config
 from pipeline.errors import DblogError, LockHeld
-from pipeline.events import TableId
+from pipeline.events import TableId, seconds_since_commit
 from pipeline.follow import tail_following_config
 from pipeline.tailer import BatchReport
 from resources import DblogResource
@@ -64,7 +64,7 @@ def batch_materializations(source_name: str, report: BatchReport,
     """The changelog materializations of one committed batch, or the mirror
     materializations of one mirror merge (the mirror follows the changelog)."""
     now_s = time.time() if now_s is None else now_s
-    lag = (now_s - report.commit_ts_ms / 1000) if report.commit_ts_ms else None
+    lag = seconds_since_commit(report.commit_ts_ms or None, now_s)
     out = []
     if report.mirror_only:
         for table, rows in sorted(report.mirrors.items(), key=lambda kv: str(kv[0])):

@@ -168,6 +168,13 @@ class Window:
             raise ValueError("low and high watermark values must differ")
 
 
+def seconds_since_commit(commit_ts_ms: int | None, now_s: float) -> float | None:
+    """Seconds from a source commit at ``commit_ts_ms`` (epoch milliseconds, by the source's
+    clock; None: unknown) to ``now_s`` (epoch seconds, by ours): the lag of a tailer whose
+    last written transaction committed then. Negative when the source's clock is ahead."""
+    return None if commit_ts_ms is None else now_s - commit_ts_ms / 1000
+
+
 def _value_to_json(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value

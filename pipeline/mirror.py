@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from pipeline.events import TableId
+from pipeline.events import TableId, seconds_since_commit
 from pipeline.state import PositionState
 
 MergeFn = Callable[[PositionState, frozenset[TableId]], None]
@@ -27,7 +27,8 @@ more than this makes every tailer look behind, and its mirror merge every
 def behind_the_log(commit_ts_ms: int | None, now_s: float) -> bool:
     """Whether a tailer whose last written transaction committed at ``commit_ts_ms``
     (None: unknown) is behind the log at ``now_s`` (seconds since the epoch)."""
-    return commit_ts_ms is not None and now_s - commit_ts_ms / 1000 > BEHIND_LAG_S
+    since = seconds_since_commit(commit_ts_ms, now_s)
+    return since is not None and since > BEHIND_LAG_S
 
 
 def mirror_due(*, unmerged_for_s: float | None, unmerged_events: int, backlogged: bool,

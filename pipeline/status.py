@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from pipeline.events import TableId
+from pipeline.events import TableId, seconds_since_commit
 from pipeline.tailer import MIRROR_DOC
 
 if TYPE_CHECKING:
@@ -62,9 +62,8 @@ def lag_seconds(lag_bytes: int | None, commit_ts_ms: int | None, now_s: float
     so the true lag is at most this); None when that commit time is unknown."""
     if lag_bytes == 0:
         return 0.0
-    if commit_ts_ms is None:
-        return None
-    return max(0.0, now_s - commit_ts_ms / 1000)
+    since = seconds_since_commit(commit_ts_ms, now_s)
+    return None if since is None else max(0.0, since)
 
 
 def _add_repair_notices(rt: Runtime, tables: dict[TableId, TableStatus]) -> None:
