@@ -13,7 +13,9 @@ the same table):
   ZooKeeper root and lake: planning, the tailer's start, every chunk window, staging, emission
   and the tailer's Delta commits are inside the timing.
 
-Prints rows/s of each and dblog / baseline, and writes ``bench/results/capture.json``.
+Prints rows/s of each and dblog / baseline, and the CPU seconds each side spent (this process,
+the Spark JVM by thread group, MariaDB: ``bench/cpu.py``), and writes
+``bench/results/capture.json``.
 
     .venv/bin/python -m bench.bench_capture [--rows 1000000] [--writers-tps 500] [--no-warm]
         [--smoke]
@@ -48,6 +50,7 @@ from bench.common import (
     with_ratios,
     write_results,
 )
+from bench.cpu import cpu_seconds
 from pipeline import services
 from pipeline.sample import q
 
@@ -205,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     stats: dict[str, float] = {}
                     load = round(os.getloadavg()[0], 2)
                     print(f"  {variant}: {side} (load average {load}) ...", flush=True)
-                    with paced_writer(ep, db, tps, args.rows, next_id, stats):
+                    with paced_writer(ep, db, tps, args.rows, next_id, stats), \
+                            cpu_seconds() as cpu:
                         if side == "baseline":
                             path = lake_dir(f"baseline-{variant}-{rid}") / "t"
                             row[side] = baseline(spark, dialect, db, args.rows,
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             row[side] = dblog_capture(ep, spark, db,
                                                       f"capture-{variant}-{rid}", args)
+                    row[side]["cpu_seconds"] = cpu
                     next_id += int(stats.get("transactions", 0)) + 1
                     row[side]["loadavg_1m_before"] = load
                     if stats:
@@ -231,13 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(
         ["variant", "writers tx/s", "baseline rows/s", "dblog rows/s", "dblog / baseline",
-         "dblog s", "+ mirror s", "with mirror / baseline", "chunks", "complete"],
+         "dblog s", "+ mirror s", "with mirror / baseline", "chunks", "complete",
+         "CPU s: baseline", "dblog (+ mirror)", "dblog JIT"],
         [[r["variant"], r["dblog"].get("writers", {}).get("achieved_tps", 0.0),
           r["baseline"]["rows_per_s"], r["dblog"]["rows_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["mirror_seconds"], r["ratio_with_mirror"],
-          r["dblog"]["chunks"], r["dblog"]["complete"]]
+          r["dblog"]["chunks"], r["dblog"]["complete"],
+          r["baseline"]["cpu_seconds"].get("total"), r["dblog"]["cpu_seconds"].get("total"),
+          round(r["dblog"]["cpu_seconds"].get("jvm_jit_c1", 0.0)
+                + r["dblog"]["cpu_seconds"].get("jvm_jit_c2", 0.0), 2)]
          for r in results],
     )
+    print("CPU seconds of each side (this process, the Spark JVM's thread groups, MariaDB):")
+    for r in results:
+        for side in ("baseline", "dblog"):
+            print(f"  {r['variant']} {side}: {r[side]['cpu_seconds']}")
     parameters = {
         "rows": args.rows, "writers_tps": args.writers_tps,
         "baseline_partitions": args.baseline_partitions, "chunk_size": args.chunk_size,

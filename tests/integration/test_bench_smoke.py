@@ -29,6 +29,9 @@ def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
             assert row[side]["rows"] > 0 and row[side]["rows_per_s"] > 0
+            # where the CPU went: this process and the Spark JVM at least
+            cpu = row[side]["cpu_seconds"]
+            assert cpu["total"] > 0 and cpu["python"] >= 0 and "jvm_tasks" in cpu
         assert row["ratio"] > 0
 
 
