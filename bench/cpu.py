@@ -64,7 +64,8 @@ def _jvm_group(thread_name: str) -> str:
 
 
 def snapshot() -> dict[str, float]:
-    """CPU seconds so far: ``python``, ``mariadb`` and ``jvm_<group>`` per thread group."""
+    """CPU seconds so far of ``python``, ``mariadb`` and the JVM (``jvm``, every thread it
+    ever ran), and of the JVM's live threads by group (``jvm_tasks``, ``jvm_jit_c2``, ...)."""
     out: defaultdict[str, float] = defaultdict(float)
     fields = _stat_fields(Path("/proc/self/stat"))
     if fields is not None:
@@ -74,28 +75,37 @@ def snapshot() -> dict[str, float]:
     if fields is not None:
         out["mariadb"] = _cpu_s(fields)
     jvm = _jvm_pid()
-    if jvm is not None:
+    fields = None if jvm is None else _stat_fields(Path(f"/proc/{jvm}/stat"))
+    if fields is not None:
+        out["jvm"] = _cpu_s(fields)
         for task in Path(f"/proc/{jvm}/task").glob("*"):
             fields = _stat_fields(task / "stat")
             try:
                 name = re.sub(r"\s+", " ", (task / "comm").read_text().strip())
             except OSError:
                 continue
-            if fields is not None:
-                out[f"jvm_{_jvm_group(name)}"] += _cpu_s(fields)
+            group = _jvm_group(name)
+            if fields is not None and group != "other":
+                out[f"jvm_{group}"] += _cpu_s(fields)
     return dict(out)
 
 
 @contextmanager
 def cpu_seconds() -> Iterator[dict[str, float]]:
-    """Yields a dict filled on exit with the CPU seconds each part spent meanwhile (and
-    ``total``); threads that ended meanwhile are not counted."""
+    """Yields a dict filled on exit with the CPU seconds each part spent meanwhile:
+    ``python``, ``mariadb``, ``jvm`` and its groups (``jvm_other``: the rest of the JVM,
+    threads that ended meanwhile included), and ``total``."""
     spent: dict[str, float] = {}
     before = snapshot()
     try:
         yield spent
     finally:
         after = snapshot()
-        for key in sorted(after):
-            spent[key] = round(max(0.0, after[key] - before.get(key, 0.0)), 2)
-        spent["total"] = round(sum(v for k, v in spent.items() if k != "total"), 2)
+        delta = {k: max(0.0, after[k] - before.get(k, 0.0)) for k in after}
+        groups = {k: v for k, v in delta.items() if k.startswith("jvm_")}
+        if "jvm" in delta:
+            groups["jvm_other"] = max(0.0, delta["jvm"] - sum(groups.values()))
+        for key, value in sorted({**delta, **groups}.items()):
+            spent[key] = round(value, 2)
+        spent["total"] = round(sum(delta.get(k, 0.0) for k in ("python", "mariadb", "jvm")),
+                               2)
