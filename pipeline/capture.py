@@ -137,7 +137,9 @@ def bounds_path(capture_id: str, range_id: str) -> str:
 ORDER_COLUMN = "_dblog_read_order"
 """A chunk's rows are tagged with their read order (monotonic across JDBC partitions read
 in key order) to find the last row in the database's order, not Spark's, and to number the
-rows in key order without sorting them."""
+rows without sorting them. A planned select has no ``LIMIT``, and MariaDB drops the
+``ORDER BY`` of the subquery it merges: its rows come in the primary key's index order
+(for ENUM/SET keys not the string order of the chunk bounds), which only numbers them."""
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 

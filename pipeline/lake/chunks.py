@@ -3,8 +3,9 @@
 The capture holds the selected rows (tagged with their read order) until the tailer pins the
 window (:class:`~pipeline.handoff.ChunkPin`); then :func:`write_chunk_files` writes them as
 the changelog's own files, uncommitted: ``op = 'r'``, the high watermark's position, row
-``i`` in key order at ``seq + 1 + i`` (the window's dropped keys leave their numbers unused),
-the pin's batch and write attempt. The rows never pass through Python.
+``i`` in read order (the primary key's index order; read partitions in key order) at
+``seq + 1 + i`` (the window's dropped keys leave their numbers unused), the pin's batch and
+write attempt. The rows never pass through Python.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def _pin_parameters(spark: SparkSession, pin: ChunkPin, offsets: Mapping[int, in
 
 
 def _index_in_key_order(order: SparkColumn, offsets: SparkColumn) -> SparkColumn:
-    """A row's 0-based index in the chunk's key order, from its read-order tag and the rows
-    read before each read partition."""
+    """A row's 0-based index in the chunk's read order (the primary key's index order), from
+    its read-order tag and the rows read before each read partition."""
     part = F.shiftright(order, PARTITION_SHIFT)
     index: SparkColumn = (F.element_at(offsets, (part + 1).cast(T.IntegerType()))
                           + order.bitwiseAND(F.lit(_ROW_MASK)))
