@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.errors import ConfigError
 from pipeline.events import Key
 
 __all__ = [
@@ -308,3 +309,13 @@ def chunk_predicate_sql(
     for value, tail in zip(params, parts[1:], strict=True):
         out += [literal(value), tail]
     return "".join(out)
+
+
+def limit_sql(limit: int | None) -> str:
+    """A chunk select's `` LIMIT n`` clause, or none for ``None`` (a chunk bounded by its
+    planned keys alone); ConfigError unless ``limit`` is a positive integer or None."""
+    if limit is None:
+        return ""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        raise ConfigError(f"chunk limit must be a positive integer, got {limit!r}")
+    return f" LIMIT {int(limit)}"

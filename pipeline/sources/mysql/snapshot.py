@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chunking import chunk_predicate_sql
+from pipeline.chunking import chunk_predicate_sql, limit_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key, TableId
 from pipeline.sources.base import FETCH_ROWS, ChunkSpec, Column, SourceDialect, TableSchema
@@ -82,9 +82,7 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     a ``LIMIT`` (a temporary table, on disk for a large chunk) before the first row is sent,
     and merges one without into the outer query (then the range scan of the primary key
     gives the key order; its ``ORDER BY`` is dropped)."""
-    if spec.limit is not None and (not isinstance(spec.limit, int)
-                                   or isinstance(spec.limit, bool) or spec.limit <= 0):
-        raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
+    limit = limit_sql(spec.limit)
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     projections = [f"{column_projection(col)} AS {quote_ident(col.name)}"
@@ -102,7 +100,7 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     table = quote_table(schema.table)
     return (
         f"SELECT {', '.join(projections)} FROM {table}"  # noqa: S608 - quoted identifiers and validated literals only
-        f"{where} ORDER BY {_order_by(schema)}{_limit(spec.limit)}"
+        f"{where} ORDER BY {_order_by(schema)}{limit}"
     )
 
 
@@ -125,10 +123,6 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
             term = f"CONCAT({term})"
         terms.append(term + (" DESC" if descending else ""))
     return ", ".join(terms)
-
-
-def _limit(limit: int | None) -> str:
-    return "" if limit is None else f" LIMIT {int(limit)}"
 
 
 def _key_select(schema: TableSchema, after_key: Key | None, doing: str,

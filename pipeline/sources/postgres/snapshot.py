@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chunking import chunk_predicate_sql
+from pipeline.chunking import chunk_predicate_sql, limit_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key
 from pipeline.sources.base import ChunkSpec, Column, TableSchema, element_type
@@ -54,9 +54,7 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     """SELECT of one chunk: every column projected to its canonical form, ``(after_key,
     upper_key]``, ``keys``, ``where``, in key order, ``LIMIT`` (none when ``spec.limit`` is
     None)."""
-    if spec.limit is not None and (not isinstance(spec.limit, int)
-                                   or isinstance(spec.limit, bool) or spec.limit <= 0):
-        raise ConfigError(f"chunk limit must be a positive integer, got {spec.limit!r}")
+    limit = limit_sql(spec.limit)
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     projections = [f"{column_projection(c)} AS {quote_ident(c.name)}" for c in schema.columns]
@@ -70,11 +68,7 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
         conditions.append(f"(\n{spec.where}\n)")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     return (f"SELECT {', '.join(projections)} FROM {quote_table(schema.table)}"  # noqa: S608 - quoted identifiers and validated literals only
-            f"{where} ORDER BY {_order_by(schema)}{_limit(spec.limit)}")
-
-
-def _limit(limit: int | None) -> str:
-    return "" if limit is None else f" LIMIT {int(limit)}"
+            f"{where} ORDER BY {_order_by(schema)}{limit}")
 
 
 def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
