@@ -34,9 +34,8 @@ from bench.common import (
     RESULTS_DIR,
     TABLE,
     Profile,
-    create_database,
     drop_database,
-    fill,
+    generate_table,
     lake_dir,
     mariadb_version,
     paced_writer,
@@ -44,7 +43,6 @@ from bench.common import (
     print_table,
     record_batches,
     remove_lake,
-    run_id,
     server_id,
     table_facts,
     with_ratios,
@@ -180,12 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
     services.up()
     ep = services.endpoints()
-    rid = run_id()
-    db = f"bench_capture_{rid}"
-    print(f"capture bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
-    create_database(ep, db)
-    fill_seconds = fill(ep, db, args.rows)
-    facts = table_facts(ep, db)
+    generated = generate_table(ep, "capture", args.rows)
+    rid, db, facts, fill_seconds = (generated.run, generated.db, generated.facts,
+                                    generated.fill_seconds)
     print(f"  {facts['rows']:,} rows, {facts['avg_row_bytes']} bytes/row, "
           f"generated in {fill_seconds:.1f}s", flush=True)
     spark = build_spark_session()

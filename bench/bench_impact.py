@@ -56,17 +56,14 @@ from typing import Any
 from bench.common import (
     RESULTS_DIR,
     TABLE,
-    create_database,
     drop_database,
-    fill,
+    generate_table,
     lake_dir,
     mariadb_version,
     pipeline_config,
     print_table,
     record_batches,
     remove_lake,
-    run_id,
-    table_facts,
     write_results,
 )
 from bench.workload import (
@@ -409,12 +406,9 @@ def main(argv: list[str] | None = None) -> int:
 
     services.up()
     ep = services.endpoints()
-    rid = run_id()
-    db = f"bench_impact_{rid}"
-    print(f"impact bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
-    create_database(ep, db)
-    fill_seconds = fill(ep, db, args.rows)
-    facts = table_facts(ep, db)
+    generated = generate_table(ep, "impact", args.rows)
+    rid, db, facts, fill_seconds = (generated.run, generated.db, generated.facts,
+                                    generated.fill_seconds)
     results: list[dict[str, Any]] = []
     next_id = args.rows + 1
     try:

@@ -28,16 +28,13 @@ from bench.bench_capture import baseline, warm_up
 from bench.common import (
     RESULTS_DIR,
     TABLE,
-    create_database,
     drop_database,
-    fill,
+    generate_table,
     lake_dir,
     mariadb_version,
     pipeline_config,
     print_table,
     remove_lake,
-    run_id,
-    table_facts,
     write_results,
 )
 from pipeline import services
@@ -68,13 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     services.up()
     ep = services.endpoints()
-    rid = run_id()
-    db = f"bench_repair_{rid}"
+    generated = generate_table(ep, "repair", args.rows)
+    rid, db, facts = generated.run, generated.db, generated.facts
     table = TableId(db, TABLE)
-    print(f"repair bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
-    create_database(ep, db)
-    fill(ep, db, args.rows)
-    facts = table_facts(ep, db)
     spark = build_spark_session()
     name = f"repair-{rid}"
     config = pipeline_config(ep, name=name, tables=[str(table)], lake=lake_dir(name),

@@ -14,7 +14,6 @@ and MariaDB's CPU seconds of each, and planned / ``LIMIT``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -23,34 +22,19 @@ from typing import Any
 from bench.common import (
     RESULTS_DIR,
     TABLE,
-    create_database,
     drop_database,
-    fill,
+    generate_table,
     lake_dir,
     mariadb_version,
     pipeline_config,
     print_table,
     remove_lake,
-    run_id,
-    table_facts,
     write_results,
 )
+from bench.cpu import mariadb_cpu_seconds
 from pipeline import services
 from pipeline.events import TableId
-from pipeline.paths import dblog_home
 from pipeline.sources.base import ChunkSpec
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def mariadb_cpu_seconds() -> float | None:
-    """The local MariaDB server's CPU seconds so far (None: its pid is not readable)."""
-    try:
-        pid = int((dblog_home() / "mariadb" / "run.pid").read_text().strip())
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, ValueError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def read_held(spark: Any, dialect: Any, spec: ChunkSpec, schema: Any) -> dict[str, Any]:
@@ -86,12 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     services.up()
     ep = services.endpoints()
-    rid = run_id()
-    db = f"bench_select_{rid}"
-    print(f"select bench {rid}: generating {args.rows:,} rows in {db}.{TABLE}", flush=True)
-    create_database(ep, db)
-    fill(ep, db, args.rows)
-    facts = table_facts(ep, db)
+    generated = generate_table(ep, "select", args.rows)
+    rid, db, facts = generated.run, generated.db, generated.facts
     spark = build_spark_session()
     name = f"select-{rid}"
     dialect = make_dialect(pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],

@@ -230,6 +230,26 @@ def run_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
+@dataclass(frozen=True)
+class GeneratedTable:
+    """A bench's fresh database ``db`` (of run ``run``) holding the bench table."""
+
+    run: str
+    db: str
+    facts: dict[str, Any]
+    fill_seconds: float
+
+
+def generate_table(ep: Endpoints, bench: str, rows: int) -> GeneratedTable:
+    """A fresh database ``bench_<bench>_<run id>`` with ``rows`` rows of the bench table."""
+    rid = run_id()
+    db = f"bench_{bench}_{rid}"
+    print(f"{bench} bench {rid}: generating {rows:,} rows in {db}.{TABLE}", flush=True)
+    create_database(ep, db)
+    fill_seconds = fill(ep, db, rows)
+    return GeneratedTable(rid, db, table_facts(ep, db), fill_seconds)
+
+
 def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Path,
                     server_id: int, chunk_size: int | None = None, max_in_flight: int = 4,
                     batch_seconds: float = 2.0, poll_seconds: float = 0.5,

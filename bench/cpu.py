@@ -49,11 +49,14 @@ def _jvm_pid() -> int | None:
     return None
 
 
-def _mariadb_pid() -> int | None:
+def mariadb_cpu_seconds() -> float | None:
+    """The local MariaDB server's CPU seconds so far (None: its pid is not readable)."""
     try:
-        return int((dblog_home() / "mariadb" / "run.pid").read_text().split()[0])
+        pid = int((dblog_home() / "mariadb" / "run.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return None if fields is None else _cpu_s(fields)
 
 
 def _jvm_group(thread_name: str) -> str:
@@ -70,10 +73,9 @@ def snapshot() -> dict[str, float]:
     fields = _stat_fields(Path("/proc/self/stat"))
     if fields is not None:
         out["python"] = _cpu_s(fields)
-    mariadb = _mariadb_pid()
-    fields = None if mariadb is None else _stat_fields(Path(f"/proc/{mariadb}/stat"))
-    if fields is not None:
-        out["mariadb"] = _cpu_s(fields)
+    mariadb = mariadb_cpu_seconds()
+    if mariadb is not None:
+        out["mariadb"] = mariadb
     jvm = _jvm_pid()
     fields = None if jvm is None else _stat_fields(Path(f"/proc/{jvm}/stat"))
     if fields is not None:
