@@ -39,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -94,6 +94,9 @@ COLUMN_MAPPING = {
     "delta.minWriterVersion": "5",
 }
 TIMESTAMP_NTZ_FEATURE = {"delta.feature.timestampNtz": "supported"}
+_BROADCAST_KEYS = 200_000
+"""At most this many keys that keep chunk rows out of a mirror's append are broadcast to the
+join that finds them (a busy source's changes between two merges are far fewer)."""
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 _PARQUET_UNSAFE = set(" ,;{}()\n\t=")
 
@@ -237,6 +240,44 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
         children.append(pa.array(values, arrow_type.field(i).type))
     mask = pa.array([img is None for img in images], pa.bool_())
     return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """What the changelog rows a mirror lacks hold, read in one pass
+    (:func:`_survey`)."""
+
+    rows: int
+    low: Any  # the least and greatest value of the first key column (None: no rows)
+    high: Any
+    top: int | None  # the greatest position (lsn)
+    truncate_lsn: int | None  # the greatest position of a TRUNCATE among them
+    spans: list[Row]  # per chunk (window): its rows' ``window``, ``low``, ``high``, ``rows``
+
+    @property
+    def chunk_rows(self) -> int:
+        return sum(int(s["rows"]) for s in self.spans)
+
+
+def _survey(changes: DataFrame, first: str) -> _Survey:
+    """Count ``changes``, bound their first key column and positions, and do the same for
+    each chunk's rows among them, in one pass (a rollup over the chunk's window; the grand
+    total is the row of grouping id 1). A merge used to read them twice for this."""
+    value = _key_value(first)
+    found = changes.rollup(F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window")).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.min(value).alias("low"),
+        F.max(value).alias("high"),
+        F.max("_dblog_lsn").alias("top"),
+        F.max(F.when(F.col("op") == TRUNCATE_OP, F.col("_dblog_lsn"))).alias("truncate_lsn"),
+        F.grouping_id().alias("grouping"),
+    ).collect()
+    total = next((r for r in found if r["grouping"] == 1), None)
+    if total is None:  # no rows: Spark's rollup gives no grand total then
+        return _Survey(0, None, None, None, None, [])
+    spans = [r for r in found if r["grouping"] == 0 and r["window"] is not None]
+    return _Survey(int(total["rows"]), total["low"], total["high"], total["top"],
+                   total["truncate_lsn"], spans)
 
 
 @dataclass(frozen=True)
@@ -1016,27 +1057,21 @@ class DeltaSink:
             return 0
         changes = self._unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
-        summary = changes.agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.min(_key_value(first)).alias("low"),
-            F.max(_key_value(first)).alias("high"),
-            F.max("_dblog_lsn").alias("top"),
-            F.max(F.when(F.col("op") == TRUNCATE_OP,
-                         F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
-            F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
-        ).first()
-        rows = int(summary["rows"]) if summary is not None else 0
+        survey = _survey(changes, first)
+        rows = survey.rows
         if rows == 0:
             if through_lsn is not None:
                 self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
                 self._note_merged_through(table, through_lsn)
             return 0
-        assert summary is not None
-        mark = int(through_lsn if through_lsn is not None else summary["top"])
-        truncated = summary["truncated"]
-        if truncated is None and summary["chunk_rows"]:
+        assert survey.top is not None
+        mark = int(through_lsn if through_lsn is not None else survey.top)
+        truncated = None if survey.truncate_lsn is None else self._last_truncate(
+            changes, survey.top)
+        if truncated is None and survey.spans:
             began = time.monotonic()
-            appended = self._append_new_chunk_rows(table, changes, metadata, mark, rows)
+            appended = self._append_new_chunk_rows(table, changes, survey.spans, metadata,
+                                                   mark, rows)
             if appended.windows:
                 log.info("mirror of %s: %d rows of %d chunks appended in %.2fs; %d changes "
                          "left to merge", table, appended.rows, len(appended.windows),
@@ -1052,8 +1087,7 @@ class DeltaSink:
                 self._merge_mirror(
                     table, changes, self.known_columns(table), self.key_columns(table),
                     Position(int(truncated[0]), int(truncated[1])) if truncated else None,
-                    key_span=None if summary["low"] is None
-                    else (summary["low"], summary["high"]),
+                    key_span=None if survey.low is None else (survey.low, survey.high),
                 )
 
         # Another writer of the mirror (a repair by hand) may commit first; the MERGE is
@@ -1063,12 +1097,22 @@ class DeltaSink:
         self._note_merged_through(table, mark)
         return rows
 
-    def _append_new_chunk_rows(self, table: TableId, changes: DataFrame,
+    @staticmethod
+    def _last_truncate(changes: DataFrame, top: int) -> Row | None:
+        """The position (lsn, seq) of the last TRUNCATE among ``changes`` up to ``top``."""
+        found = changes.where(
+            (F.col("op") == TRUNCATE_OP) & (F.col("_dblog_lsn") <= F.lit(top))
+        ).agg(F.max(F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).first()
+        return None if found is None else found[0]
+
+    def _append_new_chunk_rows(self, table: TableId, changes: DataFrame, spans: list[Row],
                                metadata: Mapping[str, Any], mark: int, rows: int
                                ) -> _Appended:
         """Append the ``r`` rows of this merge's chunks whose keys the mirror lacks, in one
         commit, instead of merging them; the rest of ``changes`` is left to merge. That
-        commit carries the merge's mark when it holds all ``rows``.
+        commit carries the merge's mark when it holds all ``rows``. ``spans``: each chunk's
+        window, the least and greatest value of its rows' first key column, and how many
+        rows it has (:func:`_survey`).
 
         A chunk whose key span holds no mirror file, or mirror files with fewer rows than
         half its own (a first capture while writers run: their changes reached the mirror
@@ -1091,11 +1135,6 @@ class DeltaSink:
         nothing = _Appended(set(), 0, changes)
         key = self.key_columns(table)
         first = key[0]
-        spans = changes.where(_is_chunk_row()).groupBy(WINDOW_COLUMN).agg(
-            F.min(F.col("after").getField(first)).alias("low"),
-            F.max(F.col("after").getField(first)).alias("high"),
-            F.count(F.lit(1)).alias("rows"),
-        ).collect()
         if not spans:
             return nothing
         columns = self.known_columns(table)
@@ -1105,30 +1144,28 @@ class DeltaSink:
         txn = DeltaTxn(self._mirror_spark, path)
         taken: dict[str, tuple[Any, Any]] = {}  # window -> span of the first key column
         crowded: list[tuple[Any, Any]] = []  # the spans of those that hold mirror files
-        for span in sorted(spans, key=lambda r: str(r[WINDOW_COLUMN])):
+        taken_count, crowded_rows = 0, 0
+        for span in sorted(spans, key=lambda r: str(r["window"])):
             low, high = span["low"], span["high"]
             if any(not (high < lo or low > hi) for lo, hi in taken.values()):
                 continue
             files, held = txn.records_where(_between(target, low, high, dtype))
             if files and (held is None or 2 * held >= int(span["rows"])):
                 continue
-            taken[str(span[WINDOW_COLUMN])] = (low, high)
+            taken[str(span["window"])] = (low, high)
+            taken_count += int(span["rows"])
             if files:
                 crowded.append((low, high))
+                crowded_rows += held or 0
         if not taken:
             return nothing
         chosen = F.col(WINDOW_COLUMN).isin(sorted(taken)) & (F.col("op") == Op.READ.value)
         taken_rows = changes.where(chosen)
         others = changes.where(~chosen)
-        # Keys that keep a taken row out of the append: the mirror's (crowded spans) and
-        # those of the other changes (a later change would rewrite the appended file).
-        blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
-        if crowded:
-            blocking = blocking.unionByName(self._mirror_keys_at(txn, key, crowded, dtype))
-        same_key = reduce(lambda a, b: a & b, [
-            F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
-        new_rows = taken_rows.join(blocking, same_key, "left_anti")
-        remaining = others.unionByName(taken_rows.join(blocking, same_key, "left_semi"))
+        new_rows, remaining = self._unblocked(
+            taken_rows, others, rows - taken_count,
+            crowded_keys=(self._mirror_keys_at(txn, key, crowded, dtype), crowded_rows)
+            if crowded else None, key=key)
         schema = T.StructType.fromJson(json.loads(txn.schema_json))
         actions = txn.write_files(new_rows.select(*[
             (F.col(f.name) if f.name in META_COLUMNS
@@ -1145,6 +1182,36 @@ class DeltaSink:
                 raise
             return nothing  # another writer in a span: everything is merged instead
         return _Appended(set(taken), appended, remaining)
+
+    @staticmethod
+    def _unblocked(taken_rows: DataFrame, others: DataFrame, others_count: int, *,
+                   crowded_keys: tuple[DataFrame, int] | None, key: Sequence[str]
+                   ) -> tuple[DataFrame, DataFrame]:
+        """The chunk rows ``taken_rows`` split into those to append and those to merge
+        (with ``others``): a row is kept out of the append by a key the mirror holds
+        (``crowded_keys``: the mirror's keys in crowded spans and how many there are) or
+        another change holds (``others``, ``others_count`` of them when counted; a later
+        change would rewrite the appended file).
+
+        Nothing can keep a row out when both are empty (a capture while the source is
+        idle): then no join is planned. The keys are broadcast to the join when there are
+        at most :data:`_BROADCAST_KEYS` of them; Spark would otherwise shuffle and sort
+        every chunk row to find none. ``others`` may hold more rows than counted (batches
+        committed meanwhile): a row appended then is merged as well, which changes
+        nothing (see :meth:`_append_new_chunk_rows`)."""
+        if others_count <= 0 and crowded_keys is None:
+            return taken_rows, others
+        blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
+        blocking_count = max(others_count, 0)
+        if crowded_keys is not None:
+            blocking = blocking.unionByName(crowded_keys[0])
+            blocking_count += crowded_keys[1]
+        if blocking_count <= _BROADCAST_KEYS:
+            blocking = F.broadcast(blocking)
+        same_key = reduce(lambda a, b: a & b, [
+            F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
+        return (taken_rows.join(blocking, same_key, "left_anti"),
+                others.unionByName(taken_rows.join(blocking, same_key, "left_semi")))
 
     def _mirror_keys_at(self, txn: DeltaTxn, key: tuple[str, ...],
                         spans: Sequence[tuple[Any, Any]], dtype: T.DataType) -> DataFrame:

@@ -1101,6 +1101,31 @@ def test_a_merge_of_new_chunks_alone_is_one_append_that_carries_the_mark(
     assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2, 3]
 
 
+def test_a_merges_changes_are_surveyed_in_one_read_whole_and_per_chunk(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The figures a merge plans with: every change counted and bounded (a delete by its
+    ``before`` key), the last TRUNCATE's position, and each chunk's rows apart; none for
+    no changes."""
+    from pipeline.lake.sink import _Survey, _survey
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    emit(spark, sink, 1, [(_emission(TABLE, "w1", 500, {(4,)}), named([3, 4, 5])),
+                          (_emission(TABLE, "w2", 600, set()), named([20, 21]))],
+         events=[ev(Op.CREATE, 40, 450), ev(Op.DELETE, 1, 550), ev(Op.UPDATE, 21, 650)],
+         truncates=[Position(520, 3)], merge_mirror=False)
+    changes = sink._unmerged(TABLE)
+    found = _survey(changes, "id")
+    assert (found.rows, found.low, found.high, found.top, found.truncate_lsn) == (
+        8, 1, 40, 650, 520)
+    assert sorted((s["window"], s["low"], s["high"], s["rows"]) for s in found.spans) == [
+        ("w1", 3, 5, 2), ("w2", 20, 21, 2)]
+    assert found.chunk_rows == 4
+    assert _survey(changes.where(F.col("_dblog_lsn") > F.lit(650)), "id") == _Survey(
+        0, None, None, None, None, [])
+
+
 def test_a_chunk_over_keys_the_mirror_holds_is_merged(spark: Any, tmp_path: Path) -> None:
     """A chunk whose span holds mirror files with half its rows or more (a repair capture
     over a mirror that has its keys) is merged whole: no append."""
