@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -244,8 +245,7 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
 
 @dataclass(frozen=True)
 class _Survey:
-    """What the changelog rows a mirror lacks hold, read in one pass
-    (:func:`_survey`)."""
+    """What the changelog rows a mirror lacks hold, read in one pass (:func:`_survey`)."""
 
     rows: int
     low: Any  # the least and greatest value of the first key column (None: no rows)
@@ -261,23 +261,39 @@ class _Survey:
 
 def _survey(changes: DataFrame, first: str) -> _Survey:
     """Count ``changes``, bound their first key column and positions, and do the same for
-    each chunk's rows among them, in one pass (a rollup over the chunk's window; the grand
-    total is the row of grouping id 1). A merge used to read them twice for this."""
+    each chunk's rows among them, in one pass: grouped by the chunk's window (the log's
+    changes in one group), the groups then folded. (A merge used to read them twice for
+    this; a rollup would double every row to add the grand total.)"""
     value = _key_value(first)
-    found = changes.rollup(F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window")).agg(
+    groups = changes.groupBy(F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window")).agg(
         F.count(F.lit(1)).alias("rows"),
         F.min(value).alias("low"),
         F.max(value).alias("high"),
         F.max("_dblog_lsn").alias("top"),
         F.max(F.when(F.col("op") == TRUNCATE_OP, F.col("_dblog_lsn"))).alias("truncate_lsn"),
-        F.grouping_id().alias("grouping"),
     ).collect()
-    total = next((r for r in found if r["grouping"] == 1), None)
-    if total is None:  # no rows: Spark's rollup gives no grand total then
+    if not groups:
         return _Survey(0, None, None, None, None, [])
-    spans = [r for r in found if r["grouping"] == 0 and r["window"] is not None]
-    return _Survey(int(total["rows"]), total["low"], total["high"], total["top"],
-                   total["truncate_lsn"], spans)
+    lows = [g["low"] for g in groups if g["low"] is not None]
+    highs = [g["high"] for g in groups if g["high"] is not None]
+    truncates = [int(g["truncate_lsn"]) for g in groups if g["truncate_lsn"] is not None]
+    return _Survey(
+        rows=sum(int(g["rows"]) for g in groups),
+        low=min(lows, key=_spark_order, default=None),
+        high=max(highs, key=_spark_order, default=None),
+        top=max(int(g["top"]) for g in groups),
+        truncate_lsn=max(truncates, default=None),
+        spans=[g for g in groups if g["window"] is not None],
+    )
+
+
+def _spark_order(value: Any) -> tuple[int, Any]:
+    """A key value's place in Spark's order, for Python's ``min``/``max``: NaN above every
+    number (Python's comparisons with NaN are all false); other values compare alike (text
+    by code point, as Spark by UTF-8 bytes)."""
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0.0)
+    return (0, value)
 
 
 @dataclass(frozen=True)
