@@ -1101,12 +1101,12 @@ def test_a_merge_of_new_chunks_alone_is_one_append_that_carries_the_mark(
     assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == [1, 2, 3]
 
 
-def test_a_merges_changes_are_surveyed_in_one_read_whole_and_per_chunk(
+def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
     spark: Any, tmp_path: Path
 ) -> None:
     """The figures a merge plans with: every change counted and bounded (a delete by its
-    ``before`` key), the last TRUNCATE's position, and each chunk's rows apart; none for
-    no changes."""
+    ``before`` key), the last TRUNCATE's position, and each chunk's rows apart; no spans
+    without chunk rows, nothing for no changes."""
     from pipeline.lake.sink import _Survey, _survey
 
     sink = make_sink(spark, tmp_path)
@@ -1117,11 +1117,12 @@ def test_a_merges_changes_are_surveyed_in_one_read_whole_and_per_chunk(
          truncates=[Position(520, 3)], merge_mirror=False)
     changes = sink._unmerged(TABLE)
     found = _survey(changes, "id")
-    assert (found.rows, found.low, found.high, found.top, found.truncate_lsn) == (
-        8, 1, 40, 650, 520)
+    assert (found.rows, found.low, found.high, found.top, tuple(found.truncated or ())) == (
+        8, 1, 40, 650, (520, 3))
     assert sorted((s["window"], s["low"], s["high"], s["rows"]) for s in found.spans) == [
         ("w1", 3, 5, 2), ("w2", 20, 21, 2)]
-    assert found.chunk_rows == 4
+    log_only = _survey(changes.where(F.col("_dblog_window_id").isNull()), "id")
+    assert (log_only.rows, log_only.low, log_only.high, log_only.spans) == (4, 1, 40, [])
     assert _survey(changes.where(F.col("_dblog_lsn") > F.lit(650)), "id") == _Survey(
         0, None, None, None, None, [])
 

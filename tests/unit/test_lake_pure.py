@@ -16,7 +16,7 @@ from pipeline.events import TableId
 from pipeline.lake.chunks import read_order_offsets
 from pipeline.lake.deltalog import action_rows
 from pipeline.lake.layout import LakeLayout, segment
-from pipeline.lake.sink import _spark_order, table_properties, widens
+from pipeline.lake.sink import table_properties, widens
 from pipeline.lake.types import coerce, needs_coercion
 
 
@@ -105,26 +105,3 @@ def test_action_rows_counts_the_added_rows() -> None:
     with pytest.raises(ValueError, match="row count"):
         action_rows([json.dumps({"add": {"path": "p", "stats": "{}"}})])
 
-
-@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1))
-def test_key_values_fold_in_sparks_order_nan_above_every_number(values: list[float]) -> None:
-    """A merge folds its groups' key bounds in Python as Spark orders them: NaN above every
-    number, infinities included."""
-    import math
-
-    numbers = [v for v in values if not math.isnan(v)]
-    low, high = min(values, key=_spark_order), max(values, key=_spark_order)
-    if numbers:
-        assert low == min(numbers)
-    else:
-        assert math.isnan(low)
-    if len(numbers) < len(values):
-        assert math.isnan(high)
-    else:
-        assert high == max(numbers)
-
-
-def test_key_values_of_other_types_fold_as_python_orders_them() -> None:
-    assert min(["b", "a\u00e9", "a"], key=_spark_order) == "a"
-    assert max([b"\x01", b"\xff", b"\x7f"], key=_spark_order) == b"\xff"
-    assert max([Decimal("1.10"), Decimal("1.2")], key=_spark_order) == Decimal("1.2")
