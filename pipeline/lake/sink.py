@@ -508,7 +508,12 @@ class DeltaSink:
         current = self.known_columns(table)
         if not current:
             self._create_beside_others(schema)
-            current = self.known_columns(table)  # another creator's may lack a column
+            # Another creator's table may lack a column, and either one: a capture's
+            # changelog beside this schema's mirror reads back as complete (the columns
+            # are read from the mirror), so each table is checked on its own.
+            self._add_columns(table, list(schema.columns))
+            self._columns.pop(table, None)  # read back with the key
+            current = self.known_columns(table)
         by_name = {c.name: c for c in current}
         added: list[Column] = []
         for col in schema.columns:

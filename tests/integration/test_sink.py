@@ -356,6 +356,33 @@ def test_two_writers_creating_the_lake_tables_at_once_both_go_on_with_every_colu
         assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
 
 
+def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_both(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The race above, in the order that lost a column: the capture has created the
+    changelog from its schema and not yet the mirror; the tailer's creation finds that
+    changelog and creates the mirror from its wider schema. The changelog gets the
+    tailer's column too (it once read back as complete from the mirror, and the log's
+    values of that column had no place in the changelog)."""
+    from pipeline.lake.sink import changelog_schema, table_properties
+
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
+    layout = LakeLayout(tmp_path / "lake", "src")
+    capture, tailer = DeltaSink(spark, layout), DeltaSink(spark, layout)
+    capture._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                          {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+    tailer.ensure_schema(wider)
+    capture.ensure_tables(SCHEMA)
+    for side in ("before", "after"):
+        assert "extra" in _field_names(spark, layout.changelog(TABLE), side)
+    assert "extra" in _field_names(spark, layout.mirror(TABLE))
+    assert tailer.key_columns(TABLE) == ("id",)
+    tailer.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x")]), 1, {})
+    logged = rows(spark, layout.changelog(TABLE))
+    assert [r["after"]["extra"] for r in logged] == ["x"]
+    assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
+
+
 def _ask_key(sink: DeltaSink, delay: float, keys: list[tuple[str, ...]],
              failures: list[BaseException]) -> None:
     time.sleep(delay)
