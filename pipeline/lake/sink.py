@@ -1197,10 +1197,10 @@ class DeltaSink:
         every chunk row to find none. ``others`` may hold more rows than counted (batches
         committed meanwhile): a row appended then is merged as well, which changes
         nothing (see :meth:`_append_new_chunk_rows`)."""
-        if others_count <= 0 and crowded_keys is None:
+        if not others_count and crowded_keys is None:
             return taken_rows, others
         blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
-        blocking_count = max(others_count, 0)
+        blocking_count = others_count
         if crowded_keys is not None:
             blocking = blocking.unionByName(crowded_keys[0])
             blocking_count += crowded_keys[1]

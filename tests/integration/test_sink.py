@@ -1135,6 +1135,7 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
     ``before`` key), the last TRUNCATE's position, and each chunk's rows apart; no spans
     without chunk rows, nothing for no changes."""
     from pipeline.lake.sink import _Survey, _survey
+    from pipeline.lake.types import WINDOW_COLUMN
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1148,7 +1149,7 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
         8, 1, 40, 650, (520, 3))
     assert sorted((s["window"], s["low"], s["high"], s["rows"]) for s in found.spans) == [
         ("w1", 3, 5, 2), ("w2", 20, 21, 2)]
-    log_only = _survey(changes.where(F.col("_dblog_window_id").isNull()), "id")
+    log_only = _survey(changes.where(F.col(WINDOW_COLUMN).isNull()), "id")
     assert (log_only.rows, log_only.low, log_only.high, log_only.spans) == (4, 1, 40, [])
     assert _survey(changes.where(F.col("_dblog_lsn") > F.lit(650)), "id") == _Survey(
         0, None, None, None, None, [])

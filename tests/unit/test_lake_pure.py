@@ -104,4 +104,3 @@ def test_action_rows_counts_the_added_rows() -> None:
     assert action_rows([]) == 0
     with pytest.raises(ValueError, match="row count"):
         action_rows([json.dumps({"add": {"path": "p", "stats": "{}"}})])
-
