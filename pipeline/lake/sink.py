@@ -508,11 +508,14 @@ class DeltaSink:
         current = self.known_columns(table)
         if not current:
             self._create_beside_others(schema)
-            # Another creator's table may lack a column, and either one: a capture's
-            # changelog beside this schema's mirror reads back as complete (the columns
-            # are read from the mirror), so each table is checked on its own.
-            self._add_columns(table, list(schema.columns))
-            self._columns.pop(table, None)  # read back with the key
+        if table not in self._ensured:
+            # Once per table and process, each lake table on its own: another creator's
+            # table may lack a column, or have it narrower, and either one (a capture's
+            # changelog beside this schema's mirror reads back as complete, the columns
+            # being read from the mirror), also after a crash between the creation and
+            # the ALTERs that complete it.
+            if self._complete_targets(table, schema.columns) or not current:
+                self._columns.pop(table, None)  # read back with the key
             current = self.known_columns(table)
         by_name = {c.name: c for c in current}
         added: list[Column] = []
@@ -621,6 +624,30 @@ class DeltaSink:
             props.update(COLUMN_MAPPING)
         return props
 
+    def _complete_targets(self, table: TableId, columns: Sequence[Column]) -> bool:
+        """Give every place a column lives (:meth:`_targets`) each of ``columns``, at least
+        as wide; whether anything was altered. A place with a type Delta cannot widen is
+        left to :meth:`_widen`, which compares the mirror's."""
+        altered = False
+        with self.mirror_lock:
+            for path, prefix, fields in self._targets(table):
+                missing = [c for c in columns if c.name not in fields]
+                narrower = [
+                    (c, spark_type(c.spark_type)) for c in columns
+                    if c.name in fields and fields[c.name] != spark_type(c.spark_type)
+                    and widens(fields[c.name], spark_type(c.spark_type))
+                ]
+                if missing:
+                    self._add_to(path, prefix, missing)
+                    altered = True
+                for column, new_type in narrower:
+                    self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
+                    self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
+                                   f"{prefix}{quote_ident(column.name)} TYPE "
+                                   f"{new_type.simpleString()}")
+                    altered = True
+        return altered
+
     def _add_columns(self, table: TableId, added: list[Column]) -> None:
         """Add ``added`` where each is missing: a crash between the three ALTERs leaves some
         targets with the column, so every target is checked on its own."""
@@ -630,19 +657,22 @@ class DeltaSink:
     def _add_missing_columns(self, table: TableId, added: list[Column]) -> None:
         for path, prefix, fields in self._targets(table):
             missing = [c for c in added if c.name not in fields]
-            if not missing:
-                continue
-            types = [spark_type(c.spark_type) for c in missing]
-            self._set_props(path, self._features_for(types, [c.name for c in missing]))
-            ddl = ", ".join(
-                f"{prefix}{quote_ident(c.name)} {t.simpleString()}"
-                for c, t in zip(missing, types, strict=True)
-            )
-            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ADD COLUMNS ({ddl})")
+            if missing:
+                self._add_to(path, prefix, missing)
         known = {c.name for c in self._columns.get(table, [])}
         self._columns[table] = self._columns.get(table, []) + [
             c for c in added if c.name not in known
         ]
+
+    def _add_to(self, path: str, prefix: str, missing: Sequence[Column]) -> None:
+        """One ALTER adding ``missing`` to the lake table at ``path`` (under ``prefix``)."""
+        types = [spark_type(c.spark_type) for c in missing]
+        self._set_props(path, self._features_for(types, [c.name for c in missing]))
+        ddl = ", ".join(
+            f"{prefix}{quote_ident(c.name)} {t.simpleString()}"
+            for c, t in zip(missing, types, strict=True)
+        )
+        self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ADD COLUMNS ({ddl})")
 
     def _widen(self, table: TableId, have: Column, new: Column) -> None:
         """Follow a source type change: widen the lake column, or keep a wider lake type.

@@ -383,6 +383,36 @@ def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_
     assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
 
 
+def test_a_tailer_restarted_after_creating_the_mirror_beside_a_narrower_changelog_completes_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The state the race above leaves when the tailer stops between creating the mirror
+    and adding its column to the capture's changelog: a restarted tailer reads every
+    column back from the mirror, yet adds the missing one to the changelog before it
+    writes (it once stopped at every write there: the rows did not have the changelog's
+    schema), and widens the changelog's narrower column too."""
+    from pipeline.lake.sink import changelog_schema, mirror_schema, table_properties
+
+    narrow = TableSchema(TABLE, (*SCHEMA.columns, Column("amount", "INT")), ("id",))
+    wider = TableSchema(TABLE, (*SCHEMA.columns, Column("amount", "BIGINT"),
+                                Column("extra", "STRING")), ("id",))
+    layout = LakeLayout(tmp_path / "lake", "src")
+    props = {**table_properties(narrow.names), "dblog.key": '["id"]'}
+    creator = DeltaSink(spark, layout)
+    creator._create_table(layout.changelog(TABLE), changelog_schema(narrow.columns), props)
+    creator._create_table(layout.mirror(TABLE), mirror_schema(wider.columns), props)
+    restarted = DeltaSink(spark, layout)
+    restarted.ensure_schema(wider)
+    for side in ("before", "after"):
+        assert "extra" in _field_names(spark, layout.changelog(TABLE), side)
+    big = 2**40
+    restarted.write_table_batch(
+        TableBatch(TABLE, [ev(Op.CREATE, 1, 100, extra="x", amount=big)]), 1, {})
+    logged = rows(spark, layout.changelog(TABLE))
+    assert [(r["after"]["extra"], r["after"]["amount"]) for r in logged] == [("x", big)]
+    assert [(r["extra"], r["amount"]) for r in rows(spark, layout.mirror(TABLE))] == [("x", big)]
+
+
 def _ask_key(sink: DeltaSink, delay: float, keys: list[tuple[str, ...]],
              failures: list[BaseException]) -> None:
     time.sleep(delay)
