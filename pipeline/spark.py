@@ -64,6 +64,10 @@ def spark_conf(
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": os.environ.get(
             "DBLOG_LISTING_PARALLELISM", "8"),
         "spark.sql.session.timeZone": "UTC",
+        # Generated classes kept for reuse (Spark's default, 100, is fewer than one capture
+        # compiles, so a second capture or the tailer's next merges compiled them all again);
+        # ~26 KB of source each.
+        "spark.sql.codegen.cache.maxEntries": "1000",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
