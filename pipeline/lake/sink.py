@@ -641,10 +641,7 @@ class DeltaSink:
                     self._add_to(path, prefix, missing)
                     altered = True
                 for column, new_type in narrower:
-                    self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
-                    self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
-                                   f"{prefix}{quote_ident(column.name)} TYPE "
-                                   f"{new_type.simpleString()}")
+                    self._widen_at(path, prefix, column.name, new_type)
                     altered = True
         return altered
 
@@ -687,23 +684,26 @@ class DeltaSink:
                 f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}, "
                 "which Delta cannot widen; capture the table into a new lake path"
             )
-        target = new_type.simpleString()
         with self.mirror_lock:
-            self._alter_types(table, have, new_type, target)
+            self._alter_types(table, have, new_type)
         self._columns[table] = [
             Column(c.name, new.spark_type) if c.name == have.name else c
             for c in self._columns[table]
         ]
 
-    def _alter_types(self, table: TableId, have: Column, new_type: T.DataType,
-                     target: str) -> None:
+    def _alter_types(self, table: TableId, have: Column, new_type: T.DataType) -> None:
         for path, prefix, fields in self._targets(table):
             current = fields.get(have.name)
             if current is None or current == new_type or widens(new_type, current):
                 continue  # already widened (a resumed crash) or wider still
-            self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
-            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
-                           f"{prefix}{quote_ident(have.name)} TYPE {target}")
+            self._widen_at(path, prefix, have.name, new_type)
+
+    def _widen_at(self, path: str, prefix: str, name: str, new_type: T.DataType) -> None:
+        """One ALTER widening column ``name`` (under ``prefix``) of the lake table at
+        ``path`` to ``new_type``, type widening enabled there first."""
+        self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
+        self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
+                       f"{prefix}{quote_ident(name)} TYPE {new_type.simpleString()}")
 
     def key_columns(self, table: TableId) -> tuple[str, ...]:
         self.known_columns(table)
