@@ -514,8 +514,8 @@ class DeltaSink:
             # changelog beside this schema's mirror reads back as complete, the columns
             # being read from the mirror), also after a crash between the creation and
             # the ALTERs that complete it.
-            if self._complete_targets(table, schema.columns) or not current:
-                self._columns.pop(table, None)  # read back with the key
+            if self._complete_targets(table, schema.columns):
+                self._columns.pop(table, None)  # read back (a creation dropped them already)
             current = self.known_columns(table)
         by_name = {c.name: c for c in current}
         added: list[Column] = []
