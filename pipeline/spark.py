@@ -34,6 +34,19 @@ def local_jars(directory: Path | None = None) -> list[Path]:
     return jars
 
 
+C2_THRESHOLDS = (
+    "-XX:Tier4InvocationThreshold=15000", "-XX:Tier4MinInvocationThreshold=1800",
+    "-XX:Tier4CompileThreshold=45000", "-XX:Tier4BackEdgeThreshold=120000",
+)
+"""The JVM's C2 compiler takes a method at three times HotSpot's default call and loop
+counts. The driver runs Spark's planner (analysis, optimizer, Delta's log code) a few
+hundred times a capture: with the defaults C2 kept compiling its lukewarm methods capture
+after capture (654 methods compiled for the first time in a third 1M-row capture in one
+JVM), 12 CPU-s of a warm capture's ~50 against the plain dump's 2.5. With these, 6-7
+CPU-s, and the rows' own loops, called millions of times, still reach C2 within their
+first second (2026-11-26, README: the tail's rate did not drop)."""
+
+
 def spark_conf(
     *, master: str | None = None, extra: Mapping[str, str] | None = None,
     jars: Sequence[str] = (),
@@ -54,7 +67,8 @@ def spark_conf(
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(warehouse),
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={dblog_home() / 'derby'}",
+        "spark.driver.extraJavaOptions": " ".join(
+            [f"-Dderby.system.home={dblog_home() / 'derby'}", *C2_THRESHOLDS]),
         # Micro-batches are small: a few tasks beat Spark's 200 shuffle partitions and Delta's
         # 50 snapshot partitions by far (bench/bench_sink.py measures it).
         "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "2"),
