@@ -43,8 +43,8 @@ counts. The driver runs Spark's planner (analysis, optimizer, Delta's log code) 
 hundred times a capture: with the defaults C2 kept compiling its lukewarm methods capture
 after capture (654 methods compiled for the first time in a third 1M-row capture in one
 JVM), 12 CPU-s of a warm capture's ~50 against the plain dump's 2.5. With these, 6-7
-CPU-s, and the rows' own loops, called millions of times, still reach C2 within their
-first second (2026-11-26, README: the tail's rate did not drop)."""
+CPU-s, and the rows' own loops, called millions of times, still reach C2 early in a run
+(the tail's rate did not drop: README, 2026-11-26, late night)."""
 
 
 def spark_conf(
