@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,19 @@ def _positive(value: Any, where: str, kind: type = int) -> Any:
     return kind(value)
 
 
+def _section(data: Mapping[str, Any], name: str, known: set[str]) -> Mapping[str, Any]:
+    """The mapping under ``name`` (empty when absent); a key it does not know (a typo)
+    is refused rather than silently left at its default."""
+    section = data.get(name) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"config: {name} must be a mapping")
+    unknown = set(section) - known
+    if unknown:
+        raise ConfigError(f"config: unknown {name} keys: {', '.join(sorted(map(str, unknown)))}"
+                          f" (known: {', '.join(sorted(known))})")
+    return section
+
+
 def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     """Validate a parsed YAML document into a :class:`PipelineConfig`."""
     if not isinstance(data, Mapping):
@@ -267,7 +280,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     )
     if not source.name.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"config: source.name {source.name!r}: use letters, digits, - and _")
-    capture_data = data.get("capture") or {}
+    capture_data = _section(data, "capture", {f.name for f in fields(CaptureConfig)})
     default = CaptureConfig()
     capture = CaptureConfig(
         chunk_size=_positive(capture_data.get("chunk_size", default.chunk_size),
@@ -331,7 +344,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                 "zookeeper.session_timeout_s", float)
     if not 2.0 <= session_timeout <= 120.0:
         raise ConfigError("config: zookeeper.session_timeout_s must be between 2 and 120")
-    tail_data = data.get("tail") or {}
+    tail_data = _section(data, "tail", {f.name for f in fields(TailConfig)})
     tail = TailConfig(
         batch_max_events=_positive(tail_data.get("batch_max_events", 100_000),
                                    "tail.batch_max_events"),
