@@ -77,7 +77,9 @@ class TailConfig:
     mirror_every_s: float = 10.0
     """The mirror merges the changelog's new batches at least this often (see the README)."""
     mirror_every_s_behind: float = 60.0
-    """...or this often (if longer) while the tailer is behind the log."""
+    """...or this often (if longer) while the tailer is behind the log..."""
+    mirror_every_s_capturing: float = 60.0
+    """...or this often (if longer) while a capture's chunk window is open."""
     lag_warn_s: float = 60.0
     """The tail-lag asset check warns above this many seconds behind the source..."""
     lag_error_s: float = 600.0
@@ -359,6 +361,8 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
                                      "tail.mirror_every_s"),
         mirror_every_s_behind=_not_negative(tail_data.get("mirror_every_s_behind", 60.0),
                                             "tail.mirror_every_s_behind"),
+        mirror_every_s_capturing=_not_negative(tail_data.get("mirror_every_s_capturing", 60.0),
+                                               "tail.mirror_every_s_capturing"),
         lag_warn_s=_positive(tail_data.get("lag_warn_s", 60.0), "tail.lag_warn_s", float),
         lag_error_s=_positive(tail_data.get("lag_error_s", 600.0), "tail.lag_error_s", float),
     )

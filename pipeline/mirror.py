@@ -32,19 +32,25 @@ def behind_the_log(commit_ts_ms: int | None, now_s: float) -> bool:
 
 
 def mirror_due(*, unmerged_for_s: float | None, unmerged_events: int, backlogged: bool,
-               every_s: float, every_s_behind: float, max_events: int) -> bool:
+               capturing: bool, every_s: float, every_s_behind: float,
+               every_s_capturing: float, max_events: int) -> bool:
     """Whether the batches the mirrors lack should be merged now.
 
     ``unmerged_for_s``: how old the oldest of them is (None: there are none). They are
-    merged once that is ``every_s``, or ``every_s_behind`` (if longer) while the tailer is
-    ``backlogged`` (:func:`behind_the_log`): a MERGE costs seconds
-    of the same two cores whatever it holds, and a tailer behind the log needs them to
-    catch up; its mirror is behind by the lag anyway. Or once they hold ``max_events``."""
+    merged once that is ``every_s``, or the longest period that applies: ``every_s_behind``
+    while the tailer is ``backlogged`` (:func:`behind_the_log`), ``every_s_capturing``
+    while ``capturing`` (a capture's chunk window is open). A MERGE costs seconds of the
+    same two cores whatever it holds; a tailer behind the log needs them to catch up (its
+    mirror is behind by the lag anyway), and a capture's chunks would otherwise be copied
+    into the mirror beside the capture, merge after merge, instead of once after it.
+    Or once they hold ``max_events``, whatever applies."""
     if unmerged_for_s is None:
         return False
     if unmerged_events >= max_events:
         return True
-    every = max(every_s, every_s_behind) if backlogged else every_s
+    every = max(every_s,
+                every_s_behind if backlogged else 0.0,
+                every_s_capturing if capturing else 0.0)
     return unmerged_for_s >= every
 
 

@@ -101,6 +101,7 @@ class Runtime:
             maintain_every_s=tail.maintain_every_s,
             mirror_every_s=tail.mirror_every_s,
             mirror_every_s_behind=tail.mirror_every_s_behind,
+            mirror_every_s_capturing=tail.mirror_every_s_capturing,
         )
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
                       tables=self.config.table_ids if tables is None else tuple(tables),

@@ -110,7 +110,9 @@ class TailOptions:
     when a run ends (0: after every batch)."""
     mirror_every_s_behind: float = 60.0
     """...or this often (if longer) while the tailer is behind the log: the last
-    transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`pipeline.mirror`)."""
+    transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`pipeline.mirror`)..."""
+    mirror_every_s_capturing: float = 60.0
+    """...or this often (if longer) while a capture's chunk window is open."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
     chunk_files_timeout_s: float = 300.0
@@ -484,14 +486,17 @@ class Tailer:
 
     def _mirror_due(self, *, backlogged: bool) -> bool:
         """Whether the batches the mirrors lack are old or many enough to merge now
-        (``backlogged``: the tailer is behind the log, :func:`behind_the_log`)."""
+        (``backlogged``: the tailer is behind the log, :func:`behind_the_log`; the period
+        is longer while a chunk window is open too)."""
         since = self._unmerged_since
         return mirror_due(
             unmerged_for_s=None if not self._unmerged or since is None
             else time.monotonic() - since,
             unmerged_events=self._unmerged_events, backlogged=backlogged,
+            capturing=bool(self._proc.open_windows),
             every_s=self.options.mirror_every_s,
             every_s_behind=self.options.mirror_every_s_behind,
+            every_s_capturing=self.options.mirror_every_s_capturing,
             max_events=self.options.mirror_max_events)
 
     def _request_merge(self, committed: PositionState) -> None:

@@ -97,3 +97,73 @@ def mirror_batch(rt: Any) -> int:
     doc = rt.state.get(MIRROR_DOC)
     assert doc is not None
     return int(doc.value["batch"])
+
+
+def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture's chunks would be copied into the mirror beside the capture, merge after
+    merge: while a window is open the mirror waits ``tail.mirror_every_s_capturing``
+    (the changelog does not wait), and merges as soon as the tailer is idle with no
+    window open."""
+    import threading
+    import time
+
+    from delta.tables import DeltaTable
+
+    from pipeline.capture import CaptureRequest
+    from pipeline.events import Window
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    table = TableId(db, "t")
+    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+                      lake=tmp_path / "lake", server_id=7911, batch_seconds=0.3,
+                      poll_seconds=0.2)
+    raw["tail"].update(mirror_every_s=0.5, mirror_every_s_capturing=3600)
+    config = parse_config(raw)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)  # a first position, at the head
+        capture_id = rt.capturer().plan(CaptureRequest((table,)))
+        range_id = next(iter(rt.state.list_ranges(capture_id)))
+        window = Window(uuid.uuid4().hex, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
+        rt.state.register_window(window, {"capture_id": capture_id, "range_id": range_id,
+                                          "after_key": None})
+        merged_batch = mirror_batch(rt)
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def tail() -> None:
+            try:
+                rt.tailer().run(stop=stop)
+            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+                failures.append(exc)
+
+        tailer = threading.Thread(target=tail, name="test-tailer")
+        tailer.start()
+        try:
+            execute(services, db, "INSERT INTO t VALUES (1, 1)")
+            changelog = rt.layout.changelog(table)
+            deadline = time.monotonic() + 60
+            while not (DeltaTable.isDeltaTable(spark, changelog)
+                       and spark.read.format("delta").load(changelog).count() >= 1):
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.2)
+            time.sleep(3.0)  # six times mirror_every_s, the tailer idle meanwhile
+            assert not failures, failures
+            assert mirror_batch(rt) == merged_batch, "merged while the window was open"
+            assert not verify_table(rt.dialect, rt.sink, table).ok
+
+            rt.dialect.write_watermark(window.low)
+            rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+            deadline = time.monotonic() + 60
+            while not verify_table(rt.dialect, rt.sink, table).ok:
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.2)
+            assert mirror_batch(rt) > merged_batch
+            state = rt.state.get_window(window.window_id)
+            assert state is not None and state.value.status == "aborted"
+        finally:
+            stop.set()
+            tailer.join(60)
+        assert not failures, failures

@@ -33,6 +33,9 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.tail.mirror_every_s_behind == 60.0
     behind = parse_config({**GOOD, "tail": {"mirror_every_s_behind": 0}}).tail
     assert behind.mirror_every_s_behind == 0
+    assert config.tail.mirror_every_s_capturing == 60.0
+    capturing = parse_config({**GOOD, "tail": {"mirror_every_s_capturing": 0}}).tail
+    assert capturing.mirror_every_s_capturing == 0
     assert config.lake == str((tmp_path / "lake").resolve())
 
 
@@ -87,6 +90,7 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"source": {**GOOD["source"], "name": "a/b"}}, "source.name"),
         ({"tail": {"maintain_every_s": -1}}, r"tail.maintain_every_s must be .*\(0: off\)"),
         ({"tail": {"mirror_every_s_behind": "1m"}}, r"tail.mirror_every_s_behind must be"),
+        ({"tail": {"mirror_every_s_capturing": -5}}, r"tail.mirror_every_s_capturing must be"),
         ({"tail": {"mirror_every_s_captureing": 0}},
          "unknown tail keys: mirror_every_s_captureing"),
         ({"tail": [1]}, "tail must be a mapping"),

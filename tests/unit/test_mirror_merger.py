@@ -80,9 +80,11 @@ def test_close_drops_requests_not_started() -> None:
 # ---- when the mirror merges -----------------------------------------------------------
 
 def due(for_s: float | None, events: int = 10, *, backlogged: bool = False,
-        every_s: float = 10.0, every_s_behind: float = 60.0, max_events: int = 500) -> bool:
+        capturing: bool = False, every_s: float = 10.0, every_s_behind: float = 60.0,
+        every_s_capturing: float = 60.0, max_events: int = 500) -> bool:
     return mirror_due(unmerged_for_s=for_s, unmerged_events=events, backlogged=backlogged,
-                      every_s=every_s, every_s_behind=every_s_behind, max_events=max_events)
+                      capturing=capturing, every_s=every_s, every_s_behind=every_s_behind,
+                      every_s_capturing=every_s_capturing, max_events=max_events)
 
 
 def test_a_tailer_that_keeps_up_merges_every_mirror_every_s() -> None:
@@ -99,28 +101,44 @@ def test_a_tailer_behind_the_log_merges_less_often_but_by_size_as_ever() -> None
     assert due(0.0, 500)
 
 
-def test_the_longer_period_applies_behind_and_zero_turns_the_deferral_off() -> None:
+def test_while_a_chunk_window_is_open_the_mirror_merges_less_often_but_by_size_as_ever(
+) -> None:
+    assert not due(10.0, capturing=True)
+    assert not due(29.9, capturing=True, every_s_capturing=30.0)
+    assert due(30.0, capturing=True, every_s_capturing=30.0)
+    assert due(1.0, 500, capturing=True)
+    assert not due(60.0, backlogged=True, capturing=True, every_s_capturing=120.0)
+    assert due(120.0, backlogged=True, capturing=True, every_s_capturing=120.0)
+    assert not due(100.0, backlogged=True, capturing=True, every_s_behind=120.0,
+                   every_s_capturing=30.0)
+
+
+def test_the_longer_period_applies_and_zero_turns_a_deferral_off() -> None:
     assert not due(100.0, backlogged=True, every_s=120.0)
     assert due(120.0, backlogged=True, every_s=120.0)
     assert due(0.0, backlogged=True, every_s=0.0, every_s_behind=0.0)
+    assert due(0.0, capturing=True, every_s=0.0, every_s_capturing=0.0)
+    assert due(10.0, capturing=True, every_s_capturing=0.0)
     assert due(0.0, every_s=0.0)
 
 
 @given(for_s=st.one_of(st.none(), st.floats(0, 1e4)), events=st.integers(0, 10_000),
+       backlogged=st.booleans(), capturing=st.booleans(),
        every_s=st.floats(0, 1e3), every_s_behind=st.floats(0, 1e3),
-       max_events=st.integers(1, 10_000))
-def test_being_behind_only_ever_delays_a_merge_and_never_past_its_size_bound(
-        for_s: float | None, events: int, every_s: float, every_s_behind: float,
-        max_events: int) -> None:
-    behind = due(for_s, events, backlogged=True, every_s=every_s,
-                 every_s_behind=every_s_behind, max_events=max_events)
-    keeping_up = due(for_s, events, every_s=every_s, every_s_behind=every_s_behind,
-                     max_events=max_events)
-    assert keeping_up or not behind
-    if for_s is not None and (events >= max_events or for_s >= max(every_s, every_s_behind)):
-        assert behind
+       every_s_capturing=st.floats(0, 1e3), max_events=st.integers(1, 10_000))
+def test_a_deferral_only_ever_delays_a_merge_and_never_past_its_size_bound(
+        for_s: float | None, events: int, backlogged: bool, capturing: bool, every_s: float,
+        every_s_behind: float, every_s_capturing: float, max_events: int) -> None:
+    periods = {"every_s": every_s, "every_s_behind": every_s_behind,
+               "every_s_capturing": every_s_capturing, "max_events": max_events}
+    deferred = due(for_s, events, backlogged=backlogged, capturing=capturing, **periods)
+    keeping_up = due(for_s, events, **periods)
+    assert keeping_up or not deferred
+    if for_s is not None and (events >= max_events
+                              or for_s >= max(every_s, every_s_behind, every_s_capturing)):
+        assert deferred
     if for_s is None:
-        assert not keeping_up
+        assert not keeping_up and not deferred
 
 
 def test_a_tailer_is_behind_once_its_last_transaction_is_older_than_the_lag_bound() -> None:
