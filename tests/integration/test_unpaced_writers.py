@@ -47,7 +47,11 @@ pytestmark = [
     # tx/s, the delays rose from 83 s to ~150 s and fell to ~133 s, the capture ended in
     # 199 s. Later still, with C2's thresholds raised (be03bd3): 4,300 tx/s, the delays
     # 58-92 s (78 s at the start, 92 s at the worst, 58 s at the end), just over the bound,
-    # the capture ended in 131 s. Strict: the day it passes, this mark must go.
+    # the capture ended in 131 s. 2026-11-27, the mirror waiting while chunk windows are
+    # open (1e33657), three runs in a row: 5,829 tx/s, delays 47-77 s, the capture ended in
+    # 107 s (an XPASS); 5,433 tx/s, 55-117 s, 149 s; 4,613 tx/s, 63-125 s, 157 s: the
+    # delays peak in the first third of the samples and fall after, around the bound.
+    # Strict: the day it passes every time, this mark must go.
     pytest.mark.xfail(strict=True, reason="issue 7: the tail is slower than unpaced writers"),
 ]
 
