@@ -448,8 +448,8 @@ class Tailer:
                     docs = self._refresh_windows()
                     if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                         self._expire_windows(docs)
-                    if cut is None and (self._mirror_due(backlogged=False)
-                                        or not self._proc.open_windows):
+                    if cut is None and (not self._proc.open_windows
+                                        or self._mirror_due(backlogged=False)):
                         self._request_merge(committed.value)
             return self._finish(summary, committed.value)
         except _StopRequested:
@@ -489,15 +489,30 @@ class Tailer:
         (``backlogged``: the tailer is behind the log, :func:`behind_the_log`; the period
         is longer while a chunk window is open too)."""
         since = self._unmerged_since
-        return mirror_due(
-            unmerged_for_s=None if not self._unmerged or since is None
-            else time.monotonic() - since,
-            unmerged_events=self._unmerged_events, backlogged=backlogged,
-            capturing=bool(self._proc.open_windows),
-            every_s=self.options.mirror_every_s,
-            every_s_behind=self.options.mirror_every_s_behind,
-            every_s_capturing=self.options.mirror_every_s_capturing,
-            max_events=self.options.mirror_max_events)
+
+        def due(capturing: bool) -> bool:
+            return mirror_due(
+                unmerged_for_s=None if not self._unmerged or since is None
+                else time.monotonic() - since,
+                unmerged_events=self._unmerged_events, backlogged=backlogged,
+                capturing=capturing,
+                every_s=self.options.mirror_every_s,
+                every_s_behind=self.options.mirror_every_s_behind,
+                every_s_capturing=self.options.mirror_every_s_capturing,
+                max_events=self.options.mirror_max_events)
+
+        if self._proc.open_windows:
+            return due(True)
+        # The processor reads registered windows when idle or at a low watermark, so right
+        # after a chunk's emission it may hold none while the capture's next one is open:
+        # ZooKeeper is asked, only when that would decide.
+        return due(False) and (due(True) or not self._window_registered())
+
+    def _window_registered(self) -> bool:
+        """Whether ZooKeeper holds a registered window this run has not settled."""
+        return any(ws.value.status == "registered"
+                   and ws.value.window.window_id not in self._settled
+                   for ws in self.state.list_windows())
 
     def _request_merge(self, committed: PositionState) -> None:
         """Hand the tables written since the last request to the mirror merger."""

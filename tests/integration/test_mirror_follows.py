@@ -167,3 +167,83 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
             stop.set()
             tailer.join(60)
         assert not failures, failures
+
+
+def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tailer reads registered windows when idle or at a low watermark; a busy tailer
+    (between a chunk's emission and the next chunk's low watermark) must still count a
+    window open in ZooKeeper as a capture running, rather than merge every
+    ``mirror_every_s``."""
+    import threading
+    import time
+
+    from pipeline.capture import CaptureRequest
+    from pipeline.events import Window
+    from pipeline.sample import connect, q
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    table = TableId(db, "t")
+    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+                      lake=tmp_path / "lake", server_id=7912, batch_seconds=0.3,
+                      poll_seconds=0.2)
+    raw["tail"].update(mirror_every_s=0.5, mirror_every_s_capturing=3600)
+    config = parse_config(raw)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)  # a first position, at the head
+        capture_id = rt.capturer().plan(CaptureRequest((table,)))
+        range_id = next(iter(rt.state.list_ranges(capture_id)))
+        stop, writing = threading.Event(), threading.Event()
+        failures: list[BaseException] = []
+
+        def write() -> None:  # a transaction every 20 ms: the tailer is never idle
+            conn = connect(services)
+            try:
+                i = 0
+                while not writing.is_set():
+                    i += 1
+                    with conn.cursor() as cur:
+                        cur.execute(f"INSERT INTO {q(db)}.t VALUES (%s, %s)", (i, i))  # noqa: S608
+                    time.sleep(0.02)
+            finally:
+                conn.close()
+
+        def tail() -> None:
+            try:
+                rt.tailer().run(stop=stop)
+            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=write), threading.Thread(target=tail)]
+        for thread in threads:
+            thread.start()
+        try:
+            start = mirror_batch(rt)
+            deadline = time.monotonic() + 60
+            while mirror_batch(rt) < start + 2:  # merging every mirror_every_s
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.2)
+            window = Window(uuid.uuid4().hex, table, low=str(uuid.uuid4()),
+                            high=str(uuid.uuid4()))
+            rt.state.register_window(window, {"capture_id": capture_id, "range_id": range_id,
+                                              "after_key": None})
+            time.sleep(8.0)  # a merge already running ends
+            settled = mirror_batch(rt)
+            time.sleep(5.0)
+            assert not failures, failures
+            assert mirror_batch(rt) == settled, "merged while a registered window was open"
+            writing.set()
+            rt.dialect.write_watermark(window.low)
+            rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+            deadline = time.monotonic() + 60
+            while not verify_table(rt.dialect, rt.sink, table).ok:
+                assert not failures and time.monotonic() < deadline, failures
+                time.sleep(0.2)
+        finally:
+            writing.set()
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+        assert not failures, failures
