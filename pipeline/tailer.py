@@ -112,7 +112,8 @@ class TailOptions:
     """...or this often (if longer) while the tailer is behind the log: the last
     transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`pipeline.mirror`)..."""
     mirror_every_s_capturing: float = 60.0
-    """...or this often (if longer) while a capture's chunk window is open."""
+    """...or this often (if longer) while a capture's chunk window is open (held by the
+    tailer or registered in ZooKeeper)."""
     mirror_max_events: int = 500_000
     """...or once the batches the mirrors lack hold this many log events."""
     chunk_files_timeout_s: float = 300.0
