@@ -336,12 +336,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     if not isinstance(lake_raw, str):
         raise ConfigError("config: lake must be a path")
     lake = _lake_root(_expand(lake_raw), base_dir)
-    zk = data.get("zookeeper") or {}
-    if not isinstance(zk, Mapping):
-        raise ConfigError("config: zookeeper must be a mapping")
-    unknown_zk = set(zk) - {"hosts", "root", "session_timeout_s", "auth_env"}
-    if unknown_zk:
-        raise ConfigError(f"config: unknown zookeeper keys: {', '.join(sorted(unknown_zk))}")
+    zk = _section(data, "zookeeper", {"hosts", "root", "session_timeout_s", "auth_env"})
     session_timeout = _positive(zk.get("session_timeout_s", 10.0),
                                 "zookeeper.session_timeout_s", float)
     if not 2.0 <= session_timeout <= 120.0:
@@ -368,7 +363,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     )
     if tail.lag_error_s < tail.lag_warn_s:
         raise ConfigError("config: tail.lag_error_s must not be below tail.lag_warn_s")
-    spark = data.get("spark") or {}
+    spark = _section(data, "spark", {"master", "conf", "jars"})
     return PipelineConfig(
         source=source,
         tables=tuple(tables),
@@ -389,14 +384,9 @@ _SECRET_CONF = ("secret", "password", "access.key", "session.token", "sas.token"
                 "credential")
 
 
-def _spark_settings(spark: Any) -> dict[str, Any]:
+def _spark_settings(spark: Mapping[str, Any]) -> dict[str, Any]:
     """``spark: {master, conf, jars}``: where Spark runs, extra settings (for example the
     lake's filesystem and LogStore) and extra local jars (for example hadoop-aws)."""
-    if not isinstance(spark, Mapping):
-        raise ConfigError("config: spark must be a mapping")
-    unknown = set(spark) - {"master", "conf", "jars"}
-    if unknown:
-        raise ConfigError(f"config: unknown spark keys: {', '.join(sorted(unknown))}")
     master = spark.get("master")
     if master is not None and not isinstance(master, str):
         raise ConfigError("config: spark.master must be a string (spark://host:7077, yarn, ...)")
