@@ -302,11 +302,7 @@ class Tailer:
         window documents read (for :meth:`_expire_windows`)."""
         docs = self.state.list_windows()
         self._settled &= {ws.value.window.window_id for ws in docs}
-        registered = {
-            ws.value.window.window_id: ws.value
-            for ws in docs
-            if ws.value.status == "registered" and ws.value.window.window_id not in self._settled
-        }
+        registered = self._unsettled(docs)
         open_ids = {w.window_id for w in self._proc.open_windows}
         for wid in open_ids - registered.keys():
             self._proc.discard(wid)
@@ -322,6 +318,12 @@ class Tailer:
                 except ValueError as exc:  # clashing watermark values: never emit it
                     log.warning("window %s not registered: %s", wid, exc)
         return docs
+
+    def _unsettled(self, docs: list[Versioned[WindowState]]) -> dict[str, WindowState]:
+        """The registered windows among ``docs`` this run has not settled, by id."""
+        return {ws.value.window.window_id: ws.value for ws in docs
+                if ws.value.status == "registered"
+                and ws.value.window.window_id not in self._settled}
 
     def _run(self, stop: threading.Event, until_caught_up: bool, max_batches: int | None,
              reset_to_head: bool) -> TailSummary:
@@ -490,11 +492,12 @@ class Tailer:
         (``backlogged``: the tailer is behind the log, :func:`behind_the_log`; the period
         is longer while a chunk window is open too)."""
         since = self._unmerged_since
+        unmerged_for_s = (None if not self._unmerged or since is None
+                          else time.monotonic() - since)
 
         def due(capturing: bool) -> bool:
             return mirror_due(
-                unmerged_for_s=None if not self._unmerged or since is None
-                else time.monotonic() - since,
+                unmerged_for_s=unmerged_for_s,
                 unmerged_events=self._unmerged_events, backlogged=backlogged,
                 capturing=capturing,
                 every_s=self.options.mirror_every_s,
@@ -507,13 +510,7 @@ class Tailer:
         # The processor reads registered windows when idle or at a low watermark, so right
         # after a chunk's emission it may hold none while the capture's next one is open:
         # ZooKeeper is asked, only when that would decide.
-        return due(False) and (due(True) or not self._window_registered())
-
-    def _window_registered(self) -> bool:
-        """Whether ZooKeeper holds a registered window this run has not settled."""
-        return any(ws.value.status == "registered"
-                   and ws.value.window.window_id not in self._settled
-                   for ws in self.state.list_windows())
+        return due(False) and (due(True) or not self._unsettled(self.state.list_windows()))
 
     def _request_merge(self, committed: PositionState) -> None:
         """Hand the tables written since the last request to the mirror merger."""
