@@ -6,7 +6,11 @@ loses nothing: the next one merges from the mark in the mirror's history."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +103,61 @@ def mirror_batch(rt: Any) -> int:
     return int(doc.value["batch"])
 
 
+
+def capture_period_config(services: Endpoints, tmp_path: Path,
+                          server_id: int) -> tuple[str, TableId, Any]:
+    """A database with table ``t``, and a config merging every 0.5 s, but every hour while
+    a chunk window is open."""
+    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
+    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+                      lake=tmp_path / "lake", server_id=server_id, batch_seconds=0.3,
+                      poll_seconds=0.2)
+    raw["tail"].update(mirror_every_s=0.5, mirror_every_s_capturing=3600)
+    return db, TableId(db, "t"), parse_config(raw)
+
+
+def register_window(rt: Any, table: TableId) -> Any:
+    """A chunk window of a planned capture of ``table``, registered (no watermark yet)."""
+    from pipeline.capture import CaptureRequest
+    from pipeline.events import Window
+
+    capture_id = rt.capturer().plan(CaptureRequest((table,)))
+    range_id = next(iter(rt.state.list_ranges(capture_id)))
+    window = Window(uuid.uuid4().hex, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
+    rt.state.register_window(window, {"capture_id": capture_id, "range_id": range_id,
+                                      "after_key": None})
+    return window
+
+
+@contextmanager
+def tailing(rt: Any) -> Iterator[list[BaseException]]:
+    """A tailer running in a thread; what it raised, checked again when it stops."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def tail() -> None:
+        try:
+            rt.tailer().run(stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            failures.append(exc)
+
+    tailer = threading.Thread(target=tail, name="test-tailer")
+    tailer.start()
+    try:
+        yield failures
+    finally:
+        stop.set()
+        tailer.join(60)
+    assert not failures, failures
+
+
+def wait_until(done: Callable[[], bool], failures: list[BaseException]) -> None:
+    deadline = time.monotonic() + 60
+    while not done():
+        assert not failures and time.monotonic() < deadline, failures
+        time.sleep(0.2)
+
+
 def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,49 +165,19 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
     merge: while a window is open the mirror waits ``tail.mirror_every_s_capturing``
     (the changelog does not wait), and merges as soon as the tailer is idle with no
     window open."""
-    import threading
-    import time
-
     from delta.tables import DeltaTable
 
-    from pipeline.capture import CaptureRequest
-    from pipeline.events import Window
-
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
-    table = TableId(db, "t")
-    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-                      lake=tmp_path / "lake", server_id=7911, batch_seconds=0.3,
-                      poll_seconds=0.2)
-    raw["tail"].update(mirror_every_s=0.5, mirror_every_s_capturing=3600)
-    config = parse_config(raw)
+    db, table, config = capture_period_config(services, tmp_path, 7911)
     with open_runtime(config, spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)  # a first position, at the head
-        capture_id = rt.capturer().plan(CaptureRequest((table,)))
-        range_id = next(iter(rt.state.list_ranges(capture_id)))
-        window = Window(uuid.uuid4().hex, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
-        rt.state.register_window(window, {"capture_id": capture_id, "range_id": range_id,
-                                          "after_key": None})
+        window = register_window(rt, table)
         merged_batch = mirror_batch(rt)
-        stop = threading.Event()
-        failures: list[BaseException] = []
-
-        def tail() -> None:
-            try:
-                rt.tailer().run(stop=stop)
-            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
-                failures.append(exc)
-
-        tailer = threading.Thread(target=tail, name="test-tailer")
-        tailer.start()
-        try:
+        with tailing(rt) as failures:
             execute(services, db, "INSERT INTO t VALUES (1, 1)")
             changelog = rt.layout.changelog(table)
-            deadline = time.monotonic() + 60
-            while not (DeltaTable.isDeltaTable(spark, changelog)
-                       and spark.read.format("delta").load(changelog).count() >= 1):
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.2)
+            wait_until(lambda: DeltaTable.isDeltaTable(spark, changelog)
+                       and spark.read.format("delta").load(changelog).count() >= 1, failures)
             time.sleep(3.0)  # six times mirror_every_s, the tailer idle meanwhile
             assert not failures, failures
             assert mirror_batch(rt) == merged_batch, "merged while the window was open"
@@ -156,17 +185,10 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
 
             rt.dialect.write_watermark(window.low)
             rt.dialect.write_watermark(window.high)  # no chunk described: aborted
-            deadline = time.monotonic() + 60
-            while not verify_table(rt.dialect, rt.sink, table).ok:
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.2)
+            wait_until(lambda: verify_table(rt.dialect, rt.sink, table).ok, failures)
             assert mirror_batch(rt) > merged_batch
             state = rt.state.get_window(window.window_id)
             assert state is not None and state.value.status == "aborted"
-        finally:
-            stop.set()
-            tailer.join(60)
-        assert not failures, failures
 
 
 def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
@@ -176,27 +198,13 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
     (between a chunk's emission and the next chunk's low watermark) must still count a
     window open in ZooKeeper as a capture running, rather than merge every
     ``mirror_every_s``."""
-    import threading
-    import time
-
-    from pipeline.capture import CaptureRequest
-    from pipeline.events import Window
     from pipeline.sample import connect, q
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = make_db(services, prefix="mirror", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)"])
-    table = TableId(db, "t")
-    raw = config_dict(source=f"mirror-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-                      lake=tmp_path / "lake", server_id=7912, batch_seconds=0.3,
-                      poll_seconds=0.2)
-    raw["tail"].update(mirror_every_s=0.5, mirror_every_s_capturing=3600)
-    config = parse_config(raw)
+    db, table, config = capture_period_config(services, tmp_path, 7912)
     with open_runtime(config, spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)  # a first position, at the head
-        capture_id = rt.capturer().plan(CaptureRequest((table,)))
-        range_id = next(iter(rt.state.list_ranges(capture_id)))
-        stop, writing = threading.Event(), threading.Event()
-        failures: list[BaseException] = []
+        writing = threading.Event()
 
         def write() -> None:  # a transaction every 20 ms: the tailer is never idle
             conn = connect(services)
@@ -210,40 +218,22 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
             finally:
                 conn.close()
 
-        def tail() -> None:
-            try:
-                rt.tailer().run(stop=stop)
-            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
-                failures.append(exc)
-
-        threads = [threading.Thread(target=write), threading.Thread(target=tail)]
-        for thread in threads:
-            thread.start()
+        writer = threading.Thread(target=write)
+        writer.start()
         try:
-            start = mirror_batch(rt)
-            deadline = time.monotonic() + 60
-            while mirror_batch(rt) < start + 2:  # merging every mirror_every_s
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.2)
-            window = Window(uuid.uuid4().hex, table, low=str(uuid.uuid4()),
-                            high=str(uuid.uuid4()))
-            rt.state.register_window(window, {"capture_id": capture_id, "range_id": range_id,
-                                              "after_key": None})
-            time.sleep(8.0)  # a merge already running ends
-            settled = mirror_batch(rt)
-            time.sleep(5.0)
-            assert not failures, failures
-            assert mirror_batch(rt) == settled, "merged while a registered window was open"
-            writing.set()
-            rt.dialect.write_watermark(window.low)
-            rt.dialect.write_watermark(window.high)  # no chunk described: aborted
-            deadline = time.monotonic() + 60
-            while not verify_table(rt.dialect, rt.sink, table).ok:
-                assert not failures and time.monotonic() < deadline, failures
-                time.sleep(0.2)
+            with tailing(rt) as failures:
+                start = mirror_batch(rt)
+                wait_until(lambda: mirror_batch(rt) >= start + 2, failures)  # every 0.5 s
+                window = register_window(rt, table)
+                time.sleep(8.0)  # a merge already running ends
+                settled = mirror_batch(rt)
+                time.sleep(5.0)
+                assert not failures, failures
+                assert mirror_batch(rt) == settled, "merged while a registered window was open"
+                writing.set()
+                rt.dialect.write_watermark(window.low)
+                rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+                wait_until(lambda: verify_table(rt.dialect, rt.sink, table).ok, failures)
         finally:
             writing.set()
-            stop.set()
-            for thread in threads:
-                thread.join(60)
-        assert not failures, failures
+            writer.join(60)
