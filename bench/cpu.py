@@ -92,6 +92,19 @@ def snapshot() -> dict[str, float]:
     return dict(out)
 
 
+def spent_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds spent since ``before`` (a :func:`snapshot`), as :func:`cpu_seconds`
+    reports them."""
+    after = snapshot()
+    delta = {k: max(0.0, after[k] - before.get(k, 0.0)) for k in after}
+    groups = {k: v for k, v in delta.items() if k.startswith("jvm_")}
+    if "jvm" in delta:
+        groups["jvm_other"] = max(0.0, delta["jvm"] - sum(groups.values()))
+    spent = {key: round(value, 2) for key, value in sorted({**delta, **groups}.items())}
+    spent["total"] = round(sum(delta.get(k, 0.0) for k in ("python", "mariadb", "jvm")), 2)
+    return spent
+
+
 @contextmanager
 def cpu_seconds() -> Iterator[dict[str, float]]:
     """Yields a dict filled on exit with the CPU seconds each part spent meanwhile:
@@ -102,12 +115,4 @@ def cpu_seconds() -> Iterator[dict[str, float]]:
     try:
         yield spent
     finally:
-        after = snapshot()
-        delta = {k: max(0.0, after[k] - before.get(k, 0.0)) for k in after}
-        groups = {k: v for k, v in delta.items() if k.startswith("jvm_")}
-        if "jvm" in delta:
-            groups["jvm_other"] = max(0.0, delta["jvm"] - sum(groups.values()))
-        for key, value in sorted({**delta, **groups}.items()):
-            spent[key] = round(value, 2)
-        spent["total"] = round(sum(delta.get(k, 0.0) for k in ("python", "mariadb", "jvm")),
-                               2)
+        spent.update(spent_since(before))
