@@ -172,22 +172,32 @@ def first_key(frame: DataFrame, schema: TableSchema) -> Key | None:
     return None if row is None else key_from_values(schema, tuple(row))
 
 
-def read_summary(tagged: DataFrame, schema: TableSchema, order_column: str
-                 ) -> tuple[int, Key | None, dict[int, int]]:
+def read_summary(tagged: DataFrame, schema: TableSchema, order_column: str, *,
+                 with_last: bool = True) -> tuple[int, Key | None, dict[int, int]]:
     """The number of rows, the key of the row with the greatest ``order_column`` (the last
-    one read; ``None`` without rows) and the rows of each read partition (the tag's high
-    bits), in one pass."""
-    order = F.col(_spark_ident(order_column))
-    found = tagged.groupBy(F.shiftright(order, PARTITION_SHIFT).alias("part")).agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.max_by(F.struct(*key_columns(schema)), order).alias("last"),
-        F.max(order).alias("top"),
-    ).collect()
+    one read; ``None`` without rows, or when not ``with_last``) and the rows of each read
+    partition (the tag's high bits), in one pass.
+
+    Without ``with_last`` the aggregation holds two numbers per partition, which Spark
+    aggregates in a hash map; the last row's key is a struct, for which Spark sorts every
+    row of the chunk first."""
+    found = summary_frame(tagged, schema, order_column, with_last=with_last).collect()
     counts = {int(r["part"]): int(r["rows"]) for r in found}
-    if not found:
-        return 0, None, counts
+    if not found or not with_last:
+        return sum(counts.values()), None, counts
     last = max(found, key=lambda r: int(r["top"]))["last"]
     return sum(counts.values()), key_from_values(schema, tuple(last)), counts
+
+
+def summary_frame(tagged: DataFrame, schema: TableSchema, order_column: str, *,
+                  with_last: bool) -> DataFrame:
+    """:func:`read_summary`'s aggregation: a row per read partition (``part``, ``rows``,
+    ``top``, and ``last`` ``with_last``)."""
+    order = F.col(_spark_ident(order_column))
+    aggregates = [F.count(F.lit(1)).alias("rows"), F.max(order).alias("top")]
+    if with_last:
+        aggregates.append(F.max_by(F.struct(*key_columns(schema)), order).alias("last"))
+    return tagged.groupBy(F.shiftright(order, PARTITION_SHIFT).alias("part")).agg(*aggregates)
 
 
 def _spark_ident(name: str) -> str:
@@ -636,7 +646,11 @@ class Capturer:
         # first pass over the rows, so it reads them from the database and keeps them.
         tagged = selected.withColumn(order, F.monotonically_increasing_id()).localCheckpoint(
             eager=False)
-        rows, read_last, counts = read_summary(tagged, schema, order)
+        # A planned chunk's next one starts at its planned end, or at the range's upper
+        # bound: the key read last is needed only without either.
+        rows, read_last, counts = read_summary(
+            tagged, schema, order,
+            with_last=bounds is None or (bounds[-1] is None and upper is None))
         held = HeldChunk(wid, schema, tagged, order, counts)
         if bounds is None:
             outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)

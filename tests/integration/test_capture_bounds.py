@@ -21,12 +21,20 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest, RangeReport, bounds_path
+from pipeline.capture import (
+    CaptureRequest,
+    RangeReport,
+    bounds_path,
+    read_summary,
+    summary_frame,
+)
 from pipeline.config import parse_config
 from pipeline.events import TableId
+from pipeline.lake.chunks import PARTITION_SHIFT
 from pipeline.runtime import Runtime, open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
+from pipeline.sources.base import Column, TableSchema
 from pipeline.tailer import chunk_path
 from pipeline.verify import verify_table
 from tests.integration.helpers import make_db
@@ -411,6 +419,28 @@ def test_chunks_continue_from_the_last_key_in_the_databases_order(
             problems.append(str(exc))
     assert not problems, "\n".join(problems)
 
+
+
+def test_a_planned_chunks_summary_counts_its_rows_without_sorting_them(spark: Any) -> None:
+    # Two read partitions of a composite (string, int) key, tagged in read order.
+    schema = TableSchema(TableId("db", "t"), (
+        Column("k", "STRING", False, "varchar(10)"), Column("n", "BIGINT", False, "int"),
+        Column("v", "STRING", True, "varchar(10)")), ("k", "n"))
+    rows = [(f"k{i // 10}", i % 10, "x") for i in range(50)]
+    tagged = (spark.createDataFrame(rows, "k STRING, n BIGINT, v STRING").repartition(2)
+              .withColumn("_o", F.monotonically_increasing_id()).localCheckpoint())
+    parts = {int(r[0]): int(r[1]) for r in tagged.groupBy(
+        F.shiftright("_o", PARTITION_SHIFT)).count().collect()}
+    last = tuple(tagged.orderBy(F.desc("_o")).select("k", "n").first() or ())
+
+    assert read_summary(tagged, schema, "_o") == (50, last, parts)
+    assert read_summary(tagged, schema, "_o", with_last=False) == (50, None, parts)
+    # The last row's key is a struct: Spark sorts every row to aggregate it. A planned
+    # chunk (the capture's hot path) does without it, in a hash aggregation.
+    plan = summary_frame(tagged, schema, "_o", with_last=False)._jdf.queryExecution()
+    assert "Sort" not in plan.executedPlan().toString()
+    plan = summary_frame(tagged, schema, "_o", with_last=True)._jdf.queryExecution()
+    assert "Sort" in plan.executedPlan().toString()  # what the hot path avoids
 
 
 # ---- 4. chunk coverage for deletes ------------------------------------------------------------
