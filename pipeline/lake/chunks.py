@@ -52,22 +52,26 @@ def keys_frame(spark: SparkSession, keys: Sequence[Key], key: Sequence[str],
 
 
 _PIN_FIELDS = ("lsn BIGINT", "seq BIGINT", "window STRING", "batch BIGINT", "attempt STRING",
-               "commit_ts_ms BIGINT", "offsets ARRAY<BIGINT>")
+               "commit_ts_ms BIGINT", "offsets ARRAY<BIGINT>", "source STRING",
+               "database STRING", "table STRING")
 
 
 def _pin_parameters(spark: SparkSession, pin: ChunkPin, offsets: Mapping[int, int],
-                    taken: Sequence[str]) -> tuple[DataFrame, dict[str, SparkColumn]]:
-    """The pin's values as a one-row DataFrame to join to the chunk's rows, and a column for
-    each: not literals, which Spark compiles into its generated code, so that every chunk
-    would compile (and the JVM's JIT compile again) new classes. Named apart from the
-    chunk's ``taken`` columns."""
+                    taken: Sequence[str], source: str, table: TableId
+                    ) -> tuple[DataFrame, dict[str, SparkColumn]]:
+    """The pin's values (and the rows' source and table) as a one-row DataFrame to join to
+    the chunk's rows, and a column for each: not literals, which Spark compiles into its
+    generated code, so that every chunk would compile (and the JVM's JIT compile again) new
+    classes; and nullable, as the changelog's ``source`` fields are, so that the struct
+    built from them needs no cast (a cast struct is built twice a row, its strings copied).
+    Named apart from the chunk's ``taken`` columns."""
     prefix = "_dblog_pin_"
     lowered = {c.lower() for c in taken}
     while any(c.lower().startswith(prefix) for c in lowered):
         prefix += "_"
     parts = max(offsets, default=-1) + 1
     row = (pin.lsn, pin.seq + 1, pin.window_id, pin.batch, pin.attempt, pin.commit_ts_ms,
-           [offsets.get(p, 0) for p in range(parts)])
+           [offsets.get(p, 0) for p in range(parts)], source, table.database, table.table)
     ddl = ", ".join(prefix + f for f in _PIN_FIELDS)
     names = [f.split()[0] for f in _PIN_FIELDS]
     return (spark.createDataFrame([row], ddl),
@@ -131,9 +135,8 @@ def write_chunk_files(
         types = {f.name: f.dataType for f in after_type.fields}
         dropped = keys_frame(spark, pin.dropped_keys, key, types)
         rows = rows.join(F.broadcast(dropped), on=list(key), how="left_anti")
-    parameters, p = _pin_parameters(spark, pin, offsets, chunk.columns)
+    parameters, p = _pin_parameters(spark, pin, offsets, chunk.columns, source, table)
     rows = rows.crossJoin(F.broadcast(parameters))
-    commit_ts = F.timestamp_millis(p["commit_ts_ms"])
     source_type = schema["source"].dataType
     assert isinstance(source_type, T.StructType)
     columns: dict[str, SparkColumn] = {
@@ -141,8 +144,8 @@ def write_chunk_files(
         "before": F.lit(None).cast(after_type),
         "after": _after([c for c in chunk.columns if c != order_column], after_type, table),
         "source": F.struct(
-            F.lit(source).alias("name"), F.lit(table.database).alias("database"),
-            F.lit(table.table).alias("table"), commit_ts.cast(T.TimestampType())
+            p["source"].alias("name"), p["database"].alias("database"),
+            p["table"].alias("table"), F.timestamp_millis(p["commit_ts_ms"])
             .alias("commit_ts")).cast(source_type),
         "_dblog_lsn": p["lsn"],
         "_dblog_seq": p["seq"] + _index_in_key_order(F.col(quote_ident(order_column)),
