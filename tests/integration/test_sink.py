@@ -422,6 +422,24 @@ def _ask_key(sink: DeltaSink, delay: float, keys: list[tuple[str, ...]],
         failures.append(exc)
 
 
+def test_a_fresh_sink_learns_a_tables_columns_and_key_without_a_spark_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    make_sink(spark, tmp_path).ensure_tables(SCHEMA)
+    fresh = make_sink(spark, tmp_path)  # a tailer meeting the tables a capture created
+    group = f"known-columns-{time.monotonic_ns()}"
+    spark.sparkContext.setJobGroup(group, "a fresh sink reads a table's columns and key")
+    try:
+        assert fresh.known_columns(TABLE) == list(SCHEMA.columns)
+        assert fresh.key_columns(TABLE) == SCHEMA.key
+        # Properties come from the snapshot's metadata; DESCRIBE DETAIL would count the
+        # table's files and bytes first (Spark jobs over the Delta log: seconds, which the
+        # first chunk's pin waited for).
+        assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+
+
 def test_threads_asking_a_fresh_sink_for_a_tables_key_at_once_all_get_it(
     spark: Any, tmp_path: Path
 ) -> None:
