@@ -710,10 +710,7 @@ class DeltaSink:
     # ---- maintenance (by the one writer: the tailer, or `dblog maintain` in its place) --
 
     def _file_count(self, path: str) -> int:
-        from delta.tables import DeltaTable
-
-        row = DeltaTable.forPath(self.spark, path).detail().select("numFiles").first()
-        return int(row[0]) if row is not None else 0
+        return DeltaTxn(self.spark, path).file_count
 
     def maintain(self, table: TableId, *, vacuum: bool = False) -> MaintenanceReport:
         """Compact the changelog's and the mirror's small files (one per batch otherwise);

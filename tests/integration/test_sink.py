@@ -440,6 +440,30 @@ def test_a_fresh_sink_learns_a_tables_columns_and_key_without_a_spark_job(
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
+def test_a_tables_file_count_comes_from_its_checksum_without_a_spark_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    from pipeline.lake.deltalog import DeltaTxn
+
+    path = str(tmp_path / "t")
+    for n in range(3):  # a file per append
+        spark.range(n * 10, n * 10 + 10).coalesce(1).write.format("delta").mode("append") \
+            .save(path)
+    group = f"file-count-{time.monotonic_ns()}"
+    spark.sparkContext.setJobGroup(group, "a table's file count")
+    try:
+        counted = DeltaTxn(spark, path).file_count
+        # numOfFiles would reconstruct the table's state first (Spark jobs: seconds on a
+        # table read for the first time, which a capture's first chunk waited for).
+        assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    detail = DeltaTable.forPath(spark, path).detail().select("numFiles").first()
+    assert detail is not None and counted == detail[0] == 3
+
+
 def test_threads_asking_a_fresh_sink_for_a_tables_key_at_once_all_get_it(
     spark: Any, tmp_path: Path
 ) -> None:
