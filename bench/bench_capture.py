@@ -19,7 +19,11 @@ until the mirror had it), and writes
 ``bench/results/capture.json``.
 
     .venv/bin/python -m bench.bench_capture [--rows 1000000] [--writers-tps 500] [--no-warm]
-        [--smoke]
+        [--timeline] [--smoke]
+
+Each capture's result holds its profile (seconds in the capture's and the tailer's steps)
+and its timeline (every timed step's start and end by thread; ``--timeline`` prints it):
+where the chunks' selects, file writes and the tailer's pins overlapped, or waited.
 """
 
 from __future__ import annotations
@@ -100,12 +104,13 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
             for method in ("write_table_batch", "_commit_changelog", "_coverage_deletes",
-                           "merge_mirror"):
+                           "merge_mirror", "ensure_tables", "ensure_schema", "mirror_holds"):
                 profile.wrap(rt.sink, method, f"sink.{method}")
             profile.wrap(rt.dialect, "write_watermark", "dialect.write_watermark")
             profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
             tailer = rt.tailer(on_batch=record_batches(batches))
             profile.wrap(tailer, "_await_files", "tail.await_chunk_files")
+            profile.wrap(tailer, "_hand_off", "tail.hand_off (schema, pin, files)")
             with BackgroundTailer(tailer) as bg:
                 capturer = rt.capturer()
                 capturer.health_check = bg.check
@@ -145,6 +150,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
         "chunk_size": args.chunk_size,
         "max_in_flight": args.max_in_flight,
         "profile": profile.summary(),
+        "timeline": profile.timeline(),
         "capture_cpu_seconds": capture_cpu,
     }
 
@@ -170,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/capture[-smoke].json)")
     parser.add_argument("--keep", action="store_true", help="keep the database and lakes")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print each capture's timed steps by thread (always in the results)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.rows, args.writers_tps = 2000, min(args.writers_tps, 50.0)
@@ -251,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("baseline", "dblog"):
             print(f"  {r['variant']} {side}: {r[side]['cpu_seconds']}")
         print(f"  {r['variant']} dblog, the capture alone: {r['dblog']['capture_cpu_seconds']}")
+    if args.timeline:
+        for r in results:
+            print(f"timeline of the {r['variant']} capture (s since it began):")
+            for step in r["dblog"]["timeline"]:
+                print(f"  {step['start_s']:8.3f} {step['end_s']:8.3f} "
+                      f"{step['end_s'] - step['start_s']:7.3f}  {step['thread'][:20]:20}  "
+                      f"{step['step']}")
     parameters = {
         "rows": args.rows, "writers_tps": args.writers_tps,
         "baseline_partitions": args.baseline_partitions, "chunk_size": args.chunk_size,

@@ -13,6 +13,7 @@ import platform
 import random
 import shutil
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -299,6 +300,9 @@ class Profile:
 
     def __init__(self) -> None:
         self.calls: dict[str, list[float]] = {}
+        self.steps: list[tuple[float, float, str, str]] = []
+        """Every timed call: start and end (seconds since the profile began), thread, label."""
+        self._began = time.perf_counter()
         self._wrapped: list[tuple[Any, str, Any]] = []
 
     def wrap(self, obj: Any, name: str, label: str | None = None) -> None:
@@ -313,7 +317,10 @@ class Profile:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.calls.setdefault(key, []).append(time.perf_counter() - began)
+                ended = time.perf_counter()
+                self.calls.setdefault(key, []).append(ended - began)
+                self.steps.append((round(began - self._began, 3), round(ended - self._began, 3),
+                                   threading.current_thread().name, key))
 
         setattr(obj, name, timed)
 
@@ -325,6 +332,11 @@ class Profile:
             else:
                 setattr(obj, name, own)
         self._wrapped.clear()
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """The timed calls in the order they began: where each thread was when."""
+        return [{"start_s": b, "end_s": e, "thread": t, "step": k}
+                for b, e, t, k in sorted(self.steps)]
 
     def summary(self) -> dict[str, dict[str, float]]:
         return {k: {"calls": len(v), "seconds": round(sum(v), 2),

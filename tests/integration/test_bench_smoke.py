@@ -23,7 +23,7 @@ def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
 
     out = tmp_path / "capture.json"
     # "idle-warm" repeats "idle"'s code in the same JVM; the smoke leaves it to `make bench`.
-    assert bench_capture.main(["--smoke", "--no-warm", "--output", str(out)]) == 0
+    assert bench_capture.main(["--smoke", "--no-warm", "--timeline", "--output", str(out)]) == 0
     doc = smoke_result(out, "capture")
     assert [r["variant"] for r in doc["results"]] == ["idle", "writers"]
     for row in doc["results"]:
@@ -33,6 +33,12 @@ def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
             cpu = row[side]["cpu_seconds"]
             assert cpu["total"] > 0 and cpu["python"] >= 0 and "jvm_tasks" in cpu
         assert row["ratio"] > 0
+        # the capture's own CPU, and its steps in time by thread
+        dblog = row["dblog"]
+        assert 0 < dblog["capture_cpu_seconds"]["total"] <= dblog["cpu_seconds"]["total"]
+        steps = dblog["timeline"]
+        assert {"capture.write_chunk_files", "tail.await_chunk_files"} <= {s["step"] for s in steps}
+        assert all(0 <= s["start_s"] <= s["end_s"] for s in steps)
 
 
 def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
