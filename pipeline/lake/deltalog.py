@@ -13,7 +13,8 @@ in the table's log; the statistics in them are Delta's own as well.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,7 +23,7 @@ from pyspark.sql import types as T
 from pipeline.errors import DblogError
 from pipeline.lake.types import same_shape
 
-__all__ = ["DeltaTxn", "action_rows", "files_dataframe"]
+__all__ = ["DeltaTxn", "action_rows", "files_dataframe", "kept_active_session"]
 
 
 def _jvm(spark: SparkSession) -> Any:
@@ -51,6 +52,21 @@ def _delta_log(spark: SparkSession, path: str) -> Any:
     # caller's (its confs, not another session's idempotent-write markers).
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
     return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+
+
+@contextmanager
+def kept_active_session(spark: SparkSession) -> Iterator[None]:
+    """The calling thread's active JVM session as it was before, whatever the block (a
+    :class:`DeltaTxn` makes its own session the active one) set."""
+    classes = _jvm(spark).org.apache.spark.sql.SparkSession
+    before = classes.getActiveSession()
+    try:
+        yield
+    finally:
+        if before.isDefined():
+            classes.setActiveSession(before.get())
+        else:
+            classes.clearActiveSession()
 
 
 def _actions(spark: SparkSession, actions_json: Sequence[str]) -> list[Any]:

@@ -49,7 +49,7 @@ from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.handoff import ChunkFiles
 from pipeline.lake.chunks import keys_frame
-from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe
+from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe, kept_active_session
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
     ATTEMPT_COLUMN,
@@ -601,8 +601,10 @@ class DeltaSink:
     def _table_props(self, path: str) -> dict[str, str]:
         """The table's properties, from its snapshot's metadata (``DESCRIBE DETAIL`` would
         also count the table's files and bytes: a Spark job over the whole Delta log, ~1 s
-        on a table read for the first time, 5 s in a fresh JVM)."""
-        return DeltaTxn(self.spark, path).configuration()
+        on a table read for the first time, 5 s in a fresh JVM). The calling thread's
+        active Spark session is left as it was (the mirror merger's is its own)."""
+        with kept_active_session(self.spark):
+            return DeltaTxn(self.spark, path).configuration()
 
     def _set_props(self, path: str, props: Mapping[str, str]) -> None:
         """Set table properties the table does not have yet (one commit, or none)."""

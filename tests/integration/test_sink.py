@@ -440,6 +440,23 @@ def test_a_fresh_sink_learns_a_tables_columns_and_key_without_a_spark_job(
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
+def test_reading_a_tables_properties_leaves_the_threads_active_session_as_it_was(
+    spark: Any, tmp_path: Path
+) -> None:
+    make_sink(spark, tmp_path).ensure_tables(SCHEMA)
+    fresh = make_sink(spark, tmp_path)
+    sessions = spark.sparkContext._jvm.org.apache.spark.sql.SparkSession
+    # The mirror merger's thread runs with the mirror's session, whose SQL settings carry
+    # its MERGE's idempotent-write markers; learning a table's columns must not switch it.
+    mirror_session = fresh._mirror_spark._jsparkSession
+    sessions.setActiveSession(mirror_session)
+    try:
+        assert fresh.known_columns(TABLE) == list(SCHEMA.columns)
+        assert sessions.getActiveSession().get().equals(mirror_session)
+    finally:
+        sessions.setActiveSession(spark._jsparkSession)
+
+
 def test_a_tables_file_count_comes_from_its_checksum_without_a_spark_job(
     spark: Any, tmp_path: Path
 ) -> None:
