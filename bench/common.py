@@ -299,9 +299,9 @@ class Profile:
     threads: the capture loop's phases and the tailer's Delta writes)."""
 
     def __init__(self) -> None:
-        self.calls: dict[str, list[float]] = {}
         self.steps: list[tuple[float, float, str, str]] = []
-        """Every timed call: start and end (seconds since the profile began), thread, label."""
+        """Every timed call as it ended: start and end (seconds since the profile began),
+        thread, label."""
         self._began = time.perf_counter()
         self._wrapped: list[tuple[Any, str, Any]] = []
 
@@ -317,9 +317,7 @@ class Profile:
             try:
                 return fn(*args, **kwargs)
             finally:
-                ended = time.perf_counter()
-                self.calls.setdefault(key, []).append(ended - began)
-                self.steps.append((round(began - self._began, 3), round(ended - self._began, 3),
+                self.steps.append((began - self._began, time.perf_counter() - self._began,
                                    threading.current_thread().name, key))
 
         setattr(obj, name, timed)
@@ -335,12 +333,16 @@ class Profile:
 
     def timeline(self) -> list[dict[str, Any]]:
         """The timed calls in the order they began: where each thread was when."""
-        return [{"start_s": b, "end_s": e, "thread": t, "step": k}
+        return [{"start_s": round(b, 3), "end_s": round(e, 3), "thread": t, "step": k}
                 for b, e, t, k in sorted(self.steps)]
 
     def summary(self) -> dict[str, dict[str, float]]:
+        """Calls, seconds and mean seconds per timed method."""
+        calls: dict[str, list[float]] = {}
+        for began, ended, _, key in self.steps:
+            calls.setdefault(key, []).append(ended - began)
         return {k: {"calls": len(v), "seconds": round(sum(v), 2),
-                    "mean_s": round(sum(v) / len(v), 3)} for k, v in self.calls.items()}
+                    "mean_s": round(sum(v) / len(v), 3)} for k, v in calls.items()}
 
 
 # ---- machine facts and results ------------------------------------------------------------
