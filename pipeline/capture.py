@@ -218,26 +218,44 @@ class HeldChunk:
 
 
 class ChunkWriter:
-    """Writes held chunks' files in a thread of its own, in order, so that the next chunks
-    are selected meanwhile: the database serves a select while Spark encodes earlier
-    chunks' files. Up to ``depth`` tasks wait or run (so ``depth + 1`` chunks are held with
-    the one being selected); a task's failure raises at the next submit or flush."""
+    """Writes held chunks' files in threads of their own, so that the next chunks are
+    selected meanwhile: the database serves a select while Spark encodes earlier chunks'
+    files, and the files of chunks the tailer pinned together are written at once (one
+    Spark task each). Up to ``depth`` tasks wait or run (so ``depth + 1`` chunks are held
+    with the one being selected); a task's failure raises at the next submit or flush, in
+    the order the tasks were given."""
 
-    def __init__(self, write: Callable[[HeldChunk], None], depth: int = 2) -> None:
+    def __init__(self, write: Callable[[HeldChunk], None], depth: int = 2,
+                 workers: int = 2) -> None:
         self._write = write
         self._depth = depth
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dblog-chunk-writer")
+        self._pool = ThreadPoolExecutor(max_workers=workers,
+                                        thread_name_prefix="dblog-chunk-writer")
         self._queued: list[Future[None]] = []
+        self._barrier: Future[None] | None = None
 
     def submit(self, chunk: HeldChunk) -> None:
-        """Write ``chunk`` after the chunks before it."""
-        self.run(partial(self._write, chunk))
+        """Write ``chunk``'s files (beside other chunks', after every :meth:`run` task)."""
+        barrier = self._barrier
+
+        def write() -> None:
+            if barrier is not None:
+                barrier.result()
+            self._write(chunk)
+
+        self._enqueue(write)
 
     def run(self, task: Callable[[], None]) -> None:
-        """Run ``task`` in the writer's thread after the tasks before it."""
+        """Run ``task`` alone: after every task before it, before every task after it."""
+        self.flush()
+        self._barrier = self._enqueue(task)
+
+    def _enqueue(self, task: Callable[[], None]) -> Future[None]:
         while len(self._queued) >= self._depth:
             self._queued.pop(0).result()
-        self._queued.append(self._pool.submit(task))
+        future = self._pool.submit(task)
+        self._queued.append(future)
+        return future
 
     def flush(self) -> None:
         """Wait for every task (the first failure raises here)."""
