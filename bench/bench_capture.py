@@ -110,7 +110,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
             profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
             tailer = rt.tailer(on_batch=record_batches(batches))
             profile.wrap(tailer, "_await_files", "tail.await_chunk_files")
-            profile.wrap(tailer, "_hand_off", "tail.hand_off (schema, pin, files)")
+            profile.wrap(tailer, "_pin", "tail.pin (schema, pin, mirror check)")
+            profile.wrap(tailer, "_settle_pinned", "tail.settle_pinned (wait for files)")
             with BackgroundTailer(tailer) as bg:
                 capturer = rt.capturer()
                 capturer.health_check = bg.check

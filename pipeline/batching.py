@@ -85,6 +85,11 @@ class BatchCutter:
         """Where the pending batch ends so far (``None``: nothing consumed yet)."""
         return self._pending
 
+    @property
+    def full(self) -> bool:
+        """Whether the pending batch holds ``max_events`` events (it must close now)."""
+        return self._events >= self.max_events
+
     def before(self, resume: Position) -> Cut | None:
         """Called before consuming a transaction ending at ``resume``: the cut to make first
         when that transaction lies past the recorded end of a replayed batch."""

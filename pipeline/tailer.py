@@ -12,9 +12,11 @@ Crash safety:
 * a chunk is emitted only if it continues its range's progress exactly (its lower bound is
   the last emitted key); otherwise it is aborted and the capture re-selects it, so no chunk is
   ever emitted twice and progress never skips rows;
-* at a chunk's high watermark the tailer pins the window and waits for the capture to write
-  the chunk's changelog files (:mod:`pipeline.handoff`): the reader decodes on meanwhile, and
-  a capture that died holding the rows gets its window aborted.
+* at a chunk's high watermark the tailer pins the window (:mod:`pipeline.handoff`) and reads
+  on; the batch is written once the capture wrote the changelog files of every chunk it
+  pinned, so the captures write several chunks at once while the tailer reads and pins. A
+  capture that died holding the rows gets its window aborted, and with it every chunk of the
+  same range pinned after it (a range's chunks are emitted in key order or not at all).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from pipeline import handoff
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
@@ -72,6 +74,8 @@ EXPIRY_CHECK_S = 30.0
 """How often the tailer looks for expired windows (besides once at each start)."""
 QUIET_S = 5.0
 """``--until-caught-up`` also ends after the reader found nothing new this long."""
+PINNED_POLL_S = 0.02
+"""How often the tailer looks for pinned chunks' files while its batch waits for them."""
 
 
 MIRROR_DOC = "mirror"
@@ -152,7 +156,23 @@ class TailSummary:
 
 
 class _StopRequested(Exception):  # noqa: N818 - control flow, not an error
-    """The run was asked to stop while it waited at a high watermark."""
+    """The run was asked to stop while its batch waited for pinned chunks' files."""
+
+
+@dataclass
+class _Pinned:
+    """A chunk whose window the batch pinned: emitted with the batch once its capture wrote
+    its files; else aborted, with every chunk of its range pinned after it."""
+
+    emission: ChunkEmission
+    pin: ChunkPin
+    range_key: tuple[str, str]
+    before: Versioned[RangeProgress]
+    """The range's progress before this chunk (restored when the chunk is aborted)."""
+    covered: KeyRange | None
+    deadline: float
+    """When the tailer gives up waiting for the chunk's files."""
+    files: ChunkFiles | None = None
 
 
 @dataclass
@@ -163,6 +183,10 @@ class _Pending:
     tables: dict[TableId, TableBatch] = field(default_factory=dict)
     schemas: dict[TableId, list[TableSchema]] = field(default_factory=dict)
     window_updates: dict[str, WindowUpdate] = field(default_factory=dict)
+    pinned: list[_Pinned] = field(default_factory=list)
+    """Chunks pinned for this batch, in the order of their high watermarks."""
+    files_looked_at: float = 0.0
+    """When the tailer last looked for pinned chunks' files and found some missing."""
     events: int = 0
     end: Mapping[str, Any] | None = None
     end_position: Position | None = None
@@ -409,11 +433,21 @@ class Tailer:
             self._maybe_maintain()
             return max_batches is not None and summary.batches >= max_batches
 
+        def due(cut: Cut | None) -> TypeGuard[Cut]:
+            """Whether to make ``cut`` now. A batch holding pinned chunks waits for their
+            files: the reader reads on meanwhile, and the high watermarks it finds are
+            pinned too, so the captures write several chunks at once. Only a replayed
+            batch's recorded end and a full batch close without them (then the write waits)."""
+            return cut is not None and (cutter.replaying or cutter.full
+                                        or self._pinned_files_ready(pending))
+
         try:
             while not stop.is_set():
                 txs = reader.read(
                     max_transactions=self.options.read_transactions,
-                    max_wait_s=self.options.poll_seconds,
+                    # while captures write pinned chunks, look at their files often
+                    max_wait_s=(min(self.options.poll_seconds, PINNED_POLL_S)
+                                if pending.pinned else self.options.poll_seconds),
                 )
                 for tx in txs:
                     resume = self.dialect.to_position(tx.resume)
@@ -429,19 +463,21 @@ class Tailer:
                     last_resume = tx.resume
                     cut = cutter.consumed(resume, tx.resume, pending.events - events_before,
                                           time.monotonic())
-                    if cut is not None and cut_at(cut):
+                    if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                 if txs:
                     # Everything read so far is in the batch: write it now rather than
                     # wait for more (the reader reads on meanwhile), unless the reader is
                     # behind the head: then the batch closes by size or age.
                     cut = cutter.drained(reader.behind) if reader.drained else None
-                    if cut is not None and cut_at(cut):
+                    if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                     continue
                 here = reader.resume
                 cut = (cutter.idle(self.dialect.to_position(here), here) if here
                        else cutter.pending)
+                if cut is not None and not due(cut):
+                    continue  # the batch waits for its pinned chunks' files
                 if cut is not None:
                     if cut_at(cut):
                         return self._finish(summary, committed.value)
@@ -456,7 +492,7 @@ class Tailer:
                         self._request_merge(committed.value)
             return self._finish(summary, committed.value)
         except _StopRequested:
-            # Asked to stop at a high watermark: the pending batch is left unwritten (and
+            # Asked to stop while waiting for chunk files: the batch is left unwritten (and
             # unrecorded); the next run reads it again from the committed position.
             return self._finish(summary, committed.value)
         finally:
@@ -718,8 +754,8 @@ class Tailer:
         pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=reason)
 
     def _accept_emission(self, em: ChunkEmission, pending: _Pending) -> None:
-        """Emit the chunk only if it continues its range exactly and its capture writes its
-        files for this batch (:meth:`_hand_off`); else abort it."""
+        """Pin the chunk for this batch if it continues its range exactly (its files are
+        awaited before the batch is written: :meth:`_settle_pinned`); else abort it."""
         wid = em.window.window_id
         doc = self._window_docs.get(wid)
         chunk = self.state.get(chunk_path(wid))
@@ -737,31 +773,18 @@ class Tailer:
                 reason = "out of order: the chunk before it was not emitted"
             elif (self._replay_outcomes or {}).get(wid) == "aborted":
                 reason = "aborted when this batch was first written"
-        files = None
-        covered = None
-        if reason is None:
-            assert chunk is not None
-            covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
-            found, covered = self._hand_off(em, chunk.value, pending, covered)
-            if isinstance(found, str):
-                reason = found
-            else:
-                files = found
         if reason is not None:
             self._abort(wid, reason, pending)
             return
-        assert doc is not None and chunk is not None and files is not None
+        assert doc is not None and chunk is not None
+        covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
+        pin, covered = self._pin(em, chunk.value, pending, covered)
         self._settled.add(wid)
-        batch = pending.table(em.window.table)
-        batch.emissions.append(em)
-        batch.chunks[wid] = files
-        if covered is not None:
-            batch.coverage[wid] = covered
         # Advance the in-memory progress now so a later chunk of the same range in this
-        # batch is judged against it; ZooKeeper gets it in the batch's commit.
-        cid, rid = str(doc.extra["capture_id"]), str(doc.extra["range_id"])
-        current = self._ranges[(cid, rid)]
-        rows_selected = files.selected
+        # batch is judged against it (rolled back if this chunk's files never come);
+        # ZooKeeper gets it in the batch's commit.
+        range_key = (str(doc.extra["capture_id"]), str(doc.extra["range_id"]))
+        current = self._ranges[range_key]
         last = key_from_json(chunk.value.get("last_key"))
         new = replace(
             current.value,
@@ -769,72 +792,124 @@ class Tailer:
             chunks_emitted=current.value.chunks_emitted + 1,
             done=bool(chunk.value.get("final")),
         )
-        self._ranges[(cid, rid)] = Versioned(new, current.version)
-        pending.window_updates[wid] = WindowUpdate(
-            wid, "emitted", extra={"rows_selected": rows_selected, "position": em.position.lsn}
-        )
+        self._ranges[range_key] = Versioned(new, current.version)
+        pending.pinned.append(_Pinned(
+            em, pin, range_key, current, covered,
+            deadline=time.monotonic() + self.options.chunk_files_timeout_s))
 
-    def _hand_off(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending,
-                  covered: KeyRange | None) -> tuple[ChunkFiles | str, KeyRange | None]:
-        """Pin the window for this batch and wait for its capture's files; the files, or
-        why the window must be aborted; and the chunk's coverage, unless the mirror holds
-        no row in it (then the chunk can delete none: :meth:`DeltaSink.mirror_holds`).
+    def _pin(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending,
+             covered: KeyRange | None) -> tuple[ChunkPin, KeyRange | None]:
+        """Pin the window for this batch: its capture writes the chunk's files for it; the
+        pin, and the chunk's coverage, unless the mirror holds no row in it (then the chunk
+        can delete none: :meth:`DeltaSink.mirror_holds`).
 
         The lake first gets every column of the chunk, so that the capture can write its
-        rows in the lake's schema. The reader decodes on while this waits, and the mirror
-        is looked at meanwhile. Files written for an earlier attempt (this tailer's
+        rows in the lake's schema. Files written for an earlier attempt (this tailer's
         predecessor died before its commit) do as well: the commit writes their rows again
         with this attempt's tags."""
-        wid = em.window.window_id
         table = em.window.table
         columns = handoff.columns_from_json(table, chunk.get("key") or (), chunk.get("columns"))
         if columns is not None:
             self.sink.ensure_schema(columns)
         elif not self.sink.known_columns(table):
             self.sink.ensure_schema(self.dialect.table_schema(table))
-        pin = ChunkPin(wid, self._batch_no(), pending.attempt, em.position.lsn,
-                       em.position.seq, em.commit_ts_ms, tuple(em.dropped_keys))
+        pin = ChunkPin(em.window.window_id, self._batch_no(), pending.attempt,
+                       em.position.lsn, em.position.seq, em.commit_ts_ms,
+                       tuple(em.dropped_keys))
         self.state.check_leader()
         handoff.write_pin(self.state, pin)
         crash_point("tail.after_pin")
         if covered is not None and not self.sink.mirror_holds(table, covered):
             covered = None
-        found = self._await_files(pin)
-        if isinstance(found, str) and (self._replay_outcomes or {}).get(wid) == "emitted":
-            raise DblogError(
-                f"batch {pin.batch} was written with window {wid} emitted, but its chunk "
-                f"cannot be had again ({found}); run `dblog tail --from-head` and a capture "
-                "of the table to start over")
-        return found, covered
+        return pin, covered
 
-    def _await_files(self, pin: ChunkPin) -> ChunkFiles | str:
-        """The capture's files for ``pin`` (or an earlier pin's, once no capture holds the
-        rows any more); else why the window must be aborted."""
-        wid = pin.window_id
-        deadline = time.monotonic() + self.options.chunk_files_timeout_s
+    def _pinned_files_ready(self, pending: _Pending) -> bool:
+        """Whether every chunk the batch pinned has its files, or never will (then it is
+        aborted when the batch is written): the batch can be written without waiting.
+        Looks in ZooKeeper at most every ``PINNED_POLL_S`` (it is asked per transaction)."""
+        if not pending.pinned:
+            return True
+        if time.monotonic() - pending.files_looked_at < PINNED_POLL_S:
+            return False
+        for pinned in pending.pinned:
+            if pinned.files is None:
+                found = self._files_now(pinned)
+                if found is None:
+                    pending.files_looked_at = time.monotonic()
+                    return False
+                if isinstance(found, ChunkFiles):
+                    pinned.files = found
+        return True
+
+    def _settle_pinned(self, pending: _Pending) -> None:
+        """Wait for the files of every chunk the batch pinned, in order, and add the chunks
+        to the batch; a chunk whose files never come is aborted, and so is every later
+        chunk of its range (its range's progress goes back to before it)."""
+        failed: set[tuple[str, str]] = set()
+        for pinned in pending.pinned:
+            wid = pinned.pin.window_id
+            found: ChunkFiles | str
+            if pinned.range_key in failed:
+                found = "out of order: the chunk before it was not emitted"
+            else:
+                found = pinned.files or self._await_files(pinned)
+                if isinstance(found, str) and (self._replay_outcomes or {}).get(wid) == "emitted":
+                    raise DblogError(
+                        f"batch {pinned.pin.batch} was written with window {wid} emitted, "
+                        f"but its chunk cannot be had again ({found}); run `dblog tail "
+                        "--from-head` and a capture of the table to start over")
+            if isinstance(found, str):
+                if pinned.range_key not in failed:
+                    failed.add(pinned.range_key)
+                    self._ranges[pinned.range_key] = pinned.before
+                pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=found)
+                continue
+            table = pinned.emission.window.table
+            batch = pending.table(table)
+            batch.emissions.append(pinned.emission)
+            batch.chunks[wid] = found
+            if pinned.covered is not None:
+                batch.coverage[wid] = pinned.covered
+            pending.window_updates[wid] = WindowUpdate(
+                wid, "emitted", extra={"rows_selected": found.selected,
+                                       "position": pinned.emission.position.lsn})
+        pending.pinned.clear()
+
+    def _await_files(self, pinned: _Pinned) -> ChunkFiles | str:
+        """The capture's files for a pinned chunk (see :meth:`_files_now`)."""
         pause = 0.005
         while True:
-            files = handoff.read_files(self.state, wid)
-            if files is not None and files.for_pin(pin):
-                return files
-            if not handoff.is_held(self.state, wid):
-                # Published just before the holder went away?
-                files = handoff.read_files(self.state, wid)
-                if files is not None:
-                    return files
-                return ("the capture holding the chunk's rows ended before writing them; "
-                        "it selects the chunk again when resumed")
-            window = self.state.get_window(wid)
-            if window is None or window.value.status == "aborted":
-                return "its capture aborted it"
-            if time.monotonic() >= deadline:
-                return (f"its capture did not write the chunk within "
-                        f"{self.options.chunk_files_timeout_s:g}s")
+            found = self._files_now(pinned)
+            if found is not None:
+                return found
             if self._stop.is_set():
                 raise _StopRequested()
             self.state.check_leader()
             time.sleep(pause)
             pause = min(0.05, pause * 2)
+
+    def _files_now(self, pinned: _Pinned) -> ChunkFiles | str | None:
+        """The capture's files for the pin (or an earlier pin's, once no capture holds the
+        rows any more); why the window must be aborted; or None: not yet written."""
+        pin = pinned.pin
+        wid = pin.window_id
+        files = handoff.read_files(self.state, wid)
+        if files is not None and files.for_pin(pin):
+            return files
+        if not handoff.is_held(self.state, wid):
+            # Published just before the holder went away?
+            files = handoff.read_files(self.state, wid)
+            if files is not None:
+                return files
+            return ("the capture holding the chunk's rows ended before writing them; "
+                    "it selects the chunk again when resumed")
+        window = self.state.get_window(wid)
+        if window is None or window.value.status == "aborted":
+            return "its capture aborted it"
+        if time.monotonic() >= pinned.deadline:
+            return (f"its capture did not write the chunk within "
+                    f"{self.options.chunk_files_timeout_s:g}s")
+        return None
 
     def _batch_no(self) -> int:
         """The number of the batch being built (the committed one's next)."""
@@ -924,6 +999,7 @@ class Tailer:
     ) -> Versioned[PositionState]:
         assert pending.end is not None and pending.end_position is not None
         began = time.monotonic()
+        self._settle_pinned(pending)
         self.state.check_leader()
         attempt = self._record_intent(pending, batch_no, committed)
         app_id = committed.value.txn_app_id(self.state.source)

@@ -37,7 +37,8 @@ def test_capture_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
         dblog = row["dblog"]
         assert 0 < dblog["capture_cpu_seconds"]["total"] <= dblog["cpu_seconds"]["total"]
         steps = dblog["timeline"]
-        assert {"capture.write_chunk_files", "tail.await_chunk_files"} <= {s["step"] for s in steps}
+        assert {"capture.write_chunk_files", "tail.pin (schema, pin, mirror check)",
+                "tail.settle_pinned (wait for files)"} <= {s["step"] for s in steps}
         assert all(0 <= s["start_s"] <= s["end_s"] for s in steps)
 
 

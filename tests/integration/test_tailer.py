@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,143 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
         conn.close()
+
+
+def _two_chunks(rt: Any, table: TableId, rows_each: int) -> tuple[str, str, Any, Any]:
+    """Plan a capture of ``table``, fix its range's upper bound and select its first two
+    chunks (each up to its high watermark); the capture id, range id and held chunks."""
+    capturer = rt.capturer()
+    capture_id = capturer.plan(CaptureRequest((table,)))
+    range_id = next(iter(rt.state.list_ranges(capture_id)))
+    fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
+    assert fixed is not None
+    upper = fixed[0].upper
+    schema = rt.dialect.table_schema(table)
+    first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, upper,
+                                           None, None, rows_each)
+    assert rows == rows_each and last == (rows_each,)
+    second, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, last, upper,
+                                            None, None, rows_each)
+    assert rows == rows_each and last == (2 * rows_each,)
+    return capture_id, range_id, first, second
+
+
+def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two chunks' high watermarks in the log: the tailer pins both before it waits for
+    either chunk's files (so the capture writes them at once), and emits both in order.
+    Here the first chunk's files are written only once the second is pinned: a tailer
+    that waited for each chunk's files before reading on would time out on the first."""
+    from dataclasses import replace
+
+    from pipeline import handoff
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = f"pins_{uuid.uuid4().hex[:8]}"
+    make_table(services, db, 40).close()
+    config = parse_config(config_dict(
+        source=f"pins-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+        lake=tmp_path / "lake", server_id=7503, chunk_size=20, batch_seconds=2.0,
+        poll_seconds=0.2,
+    ))
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        capture_id, range_id, first, second = _two_chunks(rt, table, 20)
+        capturer = rt.capturer()
+        order: list[str] = []
+
+        def write_first_once_second_is_pinned() -> None:
+            deadline = time.monotonic() + 40
+            while handoff.read_pin(rt.state, second.window_id) is None:
+                if time.monotonic() > deadline:
+                    handoff.release(rt.state, first.window_id)  # gives up: rows lost
+                    return
+                time.sleep(0.05)
+            order.append("second pinned")
+            capturer._write_held(first, stop=None)
+
+        writers = [
+            threading.Thread(target=write_first_once_second_is_pinned),
+            threading.Thread(target=capturer._write_held, args=(second,), kwargs={"stop": None}),
+        ]
+        for w in writers:
+            w.start()
+        tailer = rt.tailer()
+        tailer.options = replace(tailer.options, chunk_files_timeout_s=20.0)
+        tailer.run(until_caught_up=True)
+        for w in writers:
+            w.join(timeout=60)
+            assert not w.is_alive()
+        assert order == ["second pinned"]
+        for held in (first, second):
+            settled = rt.state.get_window(held.window_id)
+            assert settled is not None and settled.value.status == "emitted", settled
+        progress = rt.state.get_range(capture_id, range_id)
+        assert progress is not None and progress.value.last_emitted_key == (40,)
+        assert progress.value.chunks_emitted == 2 and progress.value.rows_emitted == 40
+        frame = changelog_frame(spark, rt.layout.changelog(table))
+        reads = frame[frame["op"] == "r"]
+        assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+
+
+def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_range(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two chunks of a range pinned in one batch; the capture holding the first dies
+    before writing it. The second, although written, is aborted too (a range's chunks are
+    emitted in key order), and the running tailer forgets the progress it had counted on:
+    the resumed capture selects both again and the tailer emits them, each row once."""
+    from pipeline import handoff
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = f"lost_{uuid.uuid4().hex[:8]}"
+    make_table(services, db, 40).close()
+    config = parse_config(config_dict(
+        source=f"lost-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+        lake=tmp_path / "lake", server_id=7504, chunk_size=20, batch_seconds=2.0,
+        poll_seconds=0.2,
+    ))
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        capture_id, range_id, first, second = _two_chunks(rt, table, 20)
+        capturer = rt.capturer()
+        handoff.release(rt.state, first.window_id)  # its capture died holding the rows
+        writer = threading.Thread(target=capturer._write_held, args=(second,),
+                                  kwargs={"stop": None})
+        writer.start()
+        stop = threading.Event()
+        tailing = threading.Thread(target=lambda: rt.tailer().run(stop=stop))
+        tailing.start()
+        try:
+            deadline = time.monotonic() + 60
+            statuses: list[Any] = []
+            while time.monotonic() < deadline:
+                statuses = [rt.state.get_window(h.window_id) for h in (first, second)]
+                if all(s is not None and s.value.status != "registered" for s in statuses):
+                    break
+                time.sleep(0.1)
+            assert [s.value.status for s in statuses] == ["aborted", "aborted"], statuses
+            assert "ended before writing" in (statuses[0].value.detail or "")
+            assert "out of order" in (statuses[1].value.detail or "")
+            writer.join(timeout=30)
+            progress = rt.state.get_range(capture_id, range_id)
+            assert progress is not None and progress.value.chunks_emitted == 0
+            reports: list[Any] = []
+            resumed = threading.Thread(target=lambda: reports.extend(capturer.run(capture_id)),
+                                       daemon=True)
+            resumed.start()
+            resumed.join(timeout=120)
+            assert not resumed.is_alive(), "the resumed capture's chunks keep being aborted"
+            assert [r.status for r in reports] == ["done"], reports
+        finally:
+            stop.set()
+            tailing.join(timeout=60)
+        progress = rt.state.get_range(capture_id, range_id)
+        assert progress is not None and progress.value.done
+        assert progress.value.rows_emitted == 40
+        frame = changelog_frame(spark, rt.layout.changelog(table))
+        reads = frame[frame["op"] == "r"]
+        assert len(reads) == 40 and sorted(r["id"] for r in reads["after"]) == list(range(1, 41))

@@ -227,3 +227,15 @@ def test_a_reader_behind_the_head_closes_batches_by_size_and_age_only() -> None:
     cutter.cut(Cut(Position(180), {"lsn": 180}), 2.6)
     assert cutter.consumed(Position(190), {"lsn": 190}, 1, 2.7) is None
     assert cutter.drained(behind=False) == Cut(Position(190), {"lsn": 190})  # caught up
+
+
+def test_a_batch_is_full_at_its_event_limit_and_not_merely_old() -> None:
+    """The tailer puts off an old batch's cut while pinned chunks' files are written, but
+    never a full one's: ``full`` tells them apart."""
+    cutter = BatchCutter(committed=Position(100), max_events=10, max_seconds=2.0, now=0.0)
+    assert cutter.consumed(Position(150), {"lsn": 150}, 3, 5.0) is not None  # old
+    assert not cutter.full
+    assert cutter.consumed(Position(160), {"lsn": 160}, 7, 5.1) is not None
+    assert cutter.full
+    cutter.cut(Cut(Position(160), {"lsn": 160}), 5.2)
+    assert not cutter.full
