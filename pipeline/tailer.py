@@ -416,8 +416,9 @@ class Tailer:
             """Write and commit the pending batch; True when enough batches were written."""
             nonlocal committed, pending
             pending.end, pending.end_position = dict(cut.native), cut.end
-            tables, events = set(pending.tables), pending.events
+            events = pending.events
             committed = self._flush(pending, committed.value.batch + 1, committed, summary)
+            tables = set(pending.tables)  # with the pinned chunks' tables, settled in the flush
             confirm_log(reader, self._log_needed_from(committed.value))
             cutter.cut(cut, time.monotonic())
             self._note_unmerged(tables, events)

@@ -233,6 +233,7 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
     emitted in key order), and the running tailer forgets the progress it had counted on:
     the resumed capture selects both again and the tailer emits them, each row once."""
     from pipeline import handoff
+    from pipeline.verify import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"lost_{uuid.uuid4().hex[:8]}"
@@ -275,6 +276,10 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
             resumed.join(timeout=120)
             assert not resumed.is_alive(), "the resumed capture's chunks keep being aborted"
             assert [r.status for r in reports] == ["done"], reports
+            # the chunks reach the mirror too (the tailer merged other batches meanwhile)
+            rt.wait_caught_up(lambda: None, timeout=120)
+            report = verify_table(rt.dialect, rt.sink, table)
+            assert report.ok, report.summary()
         finally:
             stop.set()
             tailing.join(timeout=60)
