@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,25 @@ def make_table(services: Endpoints, db: str, rows: int) -> Any:
     return conn
 
 
+def one_table_config(services: Endpoints, tmp_path: Path, db: str, server_id: int, *,
+                     chunk_size: int = 25, poll_seconds: float = 0.5) -> Any:
+    """A configuration over ``db.t`` (2 s batches), with a source named after ``db``."""
+    return parse_config(config_dict(
+        source=f"{db.replace('_', '-')}-src", ep=services, tables=[f"{db}.t"],
+        lake=tmp_path / "lake", server_id=server_id, chunk_size=chunk_size, batch_seconds=2.0,
+        poll_seconds=poll_seconds,
+    ))
+
+
+def plan_capture(rt: Any, table: TableId) -> tuple[Any, str, str]:
+    """After a tailer run to the log's head, a capture of ``table`` planned: the capturer,
+    the capture id and its one range's id."""
+    rt.tailer().run(until_caught_up=True)
+    capturer = rt.capturer()
+    capture_id = capturer.plan(CaptureRequest((table,)))
+    return capturer, capture_id, next(iter(rt.state.list_ranges(capture_id)))
+
+
 def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,17 +62,10 @@ def test_a_repeated_high_watermark_never_reopens_an_emitted_window(
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"hw_{uuid.uuid4().hex[:8]}"
     make_table(services, db, 40).close()
-    config = parse_config(config_dict(
-        source=f"hw-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-        lake=tmp_path / "lake", server_id=7501, chunk_size=25, batch_seconds=2.0,
-        poll_seconds=0.5,
-    ))
+    config = one_table_config(services, tmp_path, db, 7501)
     table = TableId(db, "t")
     with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        capturer = rt.capturer()
-        capture_id = capturer.plan(CaptureRequest((table,)))
-        range_id = next(iter(rt.state.list_ranges(capture_id)))
+        capturer, capture_id, range_id = plan_capture(rt, table)
         schema = rt.dialect.table_schema(table)
         held, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, None,
                                               None, None, 25)
@@ -93,11 +107,7 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"settled_{uuid.uuid4().hex[:8]}"
     conn = make_table(services, db, 10)
-    config = parse_config(config_dict(
-        source=f"settled-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-        lake=tmp_path / "lake", server_id=7502, chunk_size=25, batch_seconds=2.0,
-        poll_seconds=0.5,
-    ))
+    config = one_table_config(services, tmp_path, db, 7502)
     table = TableId(db, "t")
     try:
         with open_runtime(config, spark=spark) as rt:
@@ -146,23 +156,30 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
         conn.close()
 
 
-def _two_chunks(rt: Any, table: TableId, rows_each: int) -> tuple[str, str, Any, Any]:
-    """Plan a capture of ``table``, fix its range's upper bound and select its first two
-    chunks (each up to its high watermark); the capture id, range id and held chunks."""
-    capturer = rt.capturer()
-    capture_id = capturer.plan(CaptureRequest((table,)))
-    range_id = next(iter(rt.state.list_ranges(capture_id)))
-    fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
-    assert fixed is not None
-    upper = fixed[0].upper
-    schema = rt.dialect.table_schema(table)
-    first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None, upper,
-                                           None, None, rows_each)
-    assert rows == rows_each and last == (rows_each,)
-    second, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, last, upper,
-                                            None, None, rows_each)
-    assert rows == rows_each and last == (2 * rows_each,)
-    return capture_id, range_id, first, second
+@contextmanager
+def _two_chunks(services: Endpoints, spark: Any, tmp_path: Path, prefix: str,
+                server_id: int) -> Iterator[tuple[Any, TableId, str, str, Any, Any]]:
+    """A runtime over a new 40-row table, after a tailer run; a capture of the table
+    planned, its range's upper bound fixed, and its first two 20-row chunks selected (each
+    up to its high watermark): the runtime, table, capture id, range id and held chunks."""
+    db = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    make_table(services, db, 40).close()
+    config = one_table_config(services, tmp_path, db, server_id, chunk_size=20,
+                              poll_seconds=0.2)
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        capturer, capture_id, range_id = plan_capture(rt, table)
+        fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
+        assert fixed is not None
+        upper = fixed[0].upper
+        schema = rt.dialect.table_schema(table)
+        first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None,
+                                               upper, None, None, 20)
+        assert rows == 20 and last == (20,)
+        second, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, last,
+                                                upper, None, None, 20)
+        assert rows == 20 and last == (40,)
+        yield rt, table, capture_id, range_id, first, second
 
 
 def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
@@ -177,17 +194,9 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
     from pipeline import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"pins_{uuid.uuid4().hex[:8]}"
-    make_table(services, db, 40).close()
-    config = parse_config(config_dict(
-        source=f"pins-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-        lake=tmp_path / "lake", server_id=7503, chunk_size=20, batch_seconds=2.0,
-        poll_seconds=0.2,
-    ))
-    table = TableId(db, "t")
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        capture_id, range_id, first, second = _two_chunks(rt, table, 20)
+    with _two_chunks(services, spark, tmp_path, "pins", 7503) as (
+        rt, table, capture_id, range_id, first, second
+    ):
         capturer = rt.capturer()
         order: list[str] = []
 
@@ -236,17 +245,9 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
     from pipeline.verify import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"lost_{uuid.uuid4().hex[:8]}"
-    make_table(services, db, 40).close()
-    config = parse_config(config_dict(
-        source=f"lost-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
-        lake=tmp_path / "lake", server_id=7504, chunk_size=20, batch_seconds=2.0,
-        poll_seconds=0.2,
-    ))
-    table = TableId(db, "t")
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        capture_id, range_id, first, second = _two_chunks(rt, table, 20)
+    with _two_chunks(services, spark, tmp_path, "lost", 7504) as (
+        rt, table, capture_id, range_id, first, second
+    ):
         capturer = rt.capturer()
         handoff.release(rt.state, first.window_id)  # its capture died holding the rows
         writer = threading.Thread(target=capturer._write_held, args=(second,),
