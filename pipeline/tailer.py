@@ -123,6 +123,12 @@ class TailOptions:
     chunk_files_timeout_s: float = 300.0
     """How long the tailer waits, at a chunk's high watermark, for a live capture to write
     the chunk's changelog files before it aborts the window (the capture re-selects it)."""
+    pin_ahead_s: float = 10.0
+    """While a batch waits for its pinned chunks' files, the tailer reads on and pins the
+    high watermarks it finds (the captures write those chunks meanwhile), until the
+    batch's first log change has waited this long: then it reads no further, and the batch
+    is written once the chunks pinned so far have their files. A log change waits for at
+    most about this long plus those chunks' writes, however long a capture goes on."""
 
 
 @dataclass
@@ -187,6 +193,8 @@ class _Pending:
     """Chunks pinned for this batch, in the order of their high watermarks."""
     files_looked_at: float = 0.0
     """When the tailer last looked for pinned chunks' files and found some missing."""
+    first_change_at: float | None = None
+    """When the batch got its first log change (``None``: it holds none yet)."""
     events: int = 0
     end: Mapping[str, Any] | None = None
     end_position: Position | None = None
@@ -200,6 +208,12 @@ class _Pending:
         if table not in self.tables:
             self.tables[table] = TableBatch(table)
         return self.tables[table]
+
+    def add_change(self) -> None:
+        """Count one log change (a row event or a truncate) of the batch."""
+        self.events += 1
+        if self.first_change_at is None:
+            self.first_change_at = time.monotonic()
 
     @property
     def empty(self) -> bool:
@@ -437,9 +451,12 @@ class Tailer:
         def due(cut: Cut | None) -> TypeGuard[Cut]:
             """Whether to make ``cut`` now. A batch holding pinned chunks waits for their
             files: the reader reads on meanwhile, and the high watermarks it finds are
-            pinned too, so the captures write several chunks at once. Only a replayed
-            batch's recorded end and a full batch close without them (then the write waits)."""
+            pinned too, so the captures write several chunks at once. A replayed batch's
+            recorded end, a full batch and a batch whose log changes have waited
+            ``pin_ahead_s`` close without them (then the write waits for the chunks pinned
+            so far, and nothing more is read or pinned meanwhile)."""
             return cut is not None and (cutter.replaying or cutter.full
+                                        or self._changes_waited(pending)
                                         or self._pinned_files_ready(pending))
 
         try:
@@ -695,7 +712,7 @@ class Tailer:
             for out in outputs:
                 if isinstance(out, ChangeEvent):
                     pending.table(out.table).events.append(out)
-                    pending.events += 1
+                    pending.add_change()
                 elif isinstance(out, ChunkEmission):
                     self._accept_emission(out, pending)
                 elif isinstance(out, WindowAborted):
@@ -723,7 +740,7 @@ class Tailer:
             log.warning("%s: %s at %s; the lake table is emptied at that position",
                         change.table, change.statement[:80], change.position)
             pending.table(change.table).truncates.append(change.position)
-            pending.events += 1
+            pending.add_change()
 
     def _repair_advised(self, change: SchemaChange) -> None:
         """A DDL may have rewritten rows without row events: say so where operators look
@@ -823,6 +840,12 @@ class Tailer:
         if covered is not None and not self.sink.mirror_holds(table, covered):
             covered = None
         return pin, covered
+
+    def _changes_waited(self, pending: _Pending) -> bool:
+        """Whether the batch's first log change has waited ``pin_ahead_s`` (see
+        :attr:`TailOptions.pin_ahead_s`)."""
+        return (pending.first_change_at is not None
+                and time.monotonic() - pending.first_change_at >= self.options.pin_ahead_s)
 
     def _pinned_files_ready(self, pending: _Pending) -> bool:
         """Whether every chunk the batch pinned has its files, or never will (then it is

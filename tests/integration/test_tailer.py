@@ -290,3 +290,94 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
         frame = changelog_frame(spark, rt.layout.changelog(table))
         reads = frame[frame["op"] == "r"]
         assert len(reads) == 40 and sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+
+
+def test_log_changes_wait_for_the_chunks_pinned_so_far_not_for_every_later_one(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holding a pinned chunk and a log change reads on and pins later chunks only
+    until the change has waited ``pin_ahead_s``: then the tailer reads no further, and the
+    batch is written once the first chunk's files are, while the next chunk's are still
+    missing. A tailer that pinned every chunk a capture goes on selecting would hold the
+    log's changes back until the capture ended or the batch was full."""
+    from dataclasses import replace
+
+    from pipeline import handoff
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = f"ahead_{uuid.uuid4().hex[:8]}"
+    conn = make_table(services, db, 40)
+    config = one_table_config(services, tmp_path, db, 7505, chunk_size=20, poll_seconds=0.2)
+    table = TableId(db, "t")
+
+    def status(wid: str) -> str | None:
+        found = rt.state.get_window(wid)
+        return None if found is None else found.value.status
+
+    def wait_for(what: str, check: Any, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
+    try:
+        with open_runtime(config, spark=spark) as rt:
+            capturer, capture_id, range_id = plan_capture(rt, table)
+            fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
+            assert fixed is not None
+            upper = fixed[0].upper
+            schema = rt.dialect.table_schema(table)
+            tailer = rt.tailer()
+            tailer.options = replace(tailer.options, pin_ahead_s=1.0)
+            stop = threading.Event()
+            tailing = threading.Thread(target=lambda: tailer.run(stop=stop))
+            tailing.start()
+            held: list[Any] = []
+            writers: list[threading.Thread] = []
+            try:
+                first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema,
+                                                       None, upper, None, None, 20)
+                held.append(first)
+                assert rows == 20 and last == (20,)
+                wait_for("the first chunk's pin",
+                         lambda: handoff.read_pin(rt.state, first.window_id) is not None)
+                with conn.cursor() as cur:  # a log change joins the waiting batch
+                    cur.execute(f"UPDATE {q(db)}.t SET v = -1 WHERE id = 1")  # noqa: S608
+                time.sleep(2.0)  # longer than pin_ahead_s
+                second, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema,
+                                                        last, upper, None, None, 20)
+                held.append(second)
+                assert rows == 20 and last == (40,)
+                time.sleep(1.0)  # time enough to read the second high watermark
+                assert handoff.read_pin(rt.state, second.window_id) is None, (
+                    "the tailer read on and pinned the second chunk into the waiting batch")
+                writers = [threading.Thread(target=capturer._write_held, args=(h,),
+                                            kwargs={"stop": None}) for h in held]
+                writers[0].start()
+                wait_for("the first chunk's emission",
+                         lambda: status(first.window_id) == "emitted")
+                assert status(second.window_id) == "registered"
+                writers[1].start()
+                wait_for("the second chunk's emission",
+                         lambda: status(second.window_id) == "emitted")
+            finally:
+                stop.set()
+                for h in held:
+                    handoff.release(rt.state, h.window_id)
+                for w in writers:
+                    if w.is_alive() or w.ident is not None:
+                        w.join(timeout=60)
+                tailing.join(timeout=60)
+            progress = rt.state.get_range(capture_id, range_id)
+            assert progress is not None and progress.value.last_emitted_key == (40,)
+            assert progress.value.chunks_emitted == 2 and progress.value.rows_emitted == 40
+            frame = changelog_frame(spark, rt.layout.changelog(table))
+            reads = frame[frame["op"] == "r"]
+            assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+            updates = frame[frame["op"] == "u"]
+            assert [r["v"] for r in updates["after"]] == [-1]
+            rt.state.delete("", recursive=True)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
+        conn.close()
