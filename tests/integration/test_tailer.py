@@ -156,6 +156,28 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
         conn.close()
 
 
+def plan_bounded_capture(rt: Any, table: TableId) -> tuple[Any, str, str, Any, Any]:
+    """:func:`plan_capture` with the one range's upper bound fixed: the capturer, the
+    capture and range ids, the upper bound and the table's schema."""
+    capturer, capture_id, range_id = plan_capture(rt, table)
+    fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
+    assert fixed is not None
+    return capturer, capture_id, range_id, fixed[0].upper, rt.dialect.table_schema(table)
+
+
+def assert_both_chunks_emitted_once(rt: Any, spark: Any, table: TableId, capture_id: str,
+                                    range_id: str) -> Any:
+    """The range's two 20-row chunks emitted: its progress, and each of the 40 rows read
+    into the changelog once; the changelog as a pandas frame."""
+    progress = rt.state.get_range(capture_id, range_id)
+    assert progress is not None and progress.value.last_emitted_key == (40,)
+    assert progress.value.chunks_emitted == 2 and progress.value.rows_emitted == 40
+    frame = changelog_frame(spark, rt.layout.changelog(table))
+    reads = frame[frame["op"] == "r"]
+    assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+    return frame
+
+
 @contextmanager
 def _two_chunks(services: Endpoints, spark: Any, tmp_path: Path, prefix: str,
                 server_id: int) -> Iterator[tuple[Any, TableId, str, str, Any, Any]]:
@@ -168,11 +190,7 @@ def _two_chunks(services: Endpoints, spark: Any, tmp_path: Path, prefix: str,
                               poll_seconds=0.2)
     table = TableId(db, "t")
     with open_runtime(config, spark=spark) as rt:
-        capturer, capture_id, range_id = plan_capture(rt, table)
-        fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
-        assert fixed is not None
-        upper = fixed[0].upper
-        schema = rt.dialect.table_schema(table)
+        capturer, capture_id, range_id, upper, schema = plan_bounded_capture(rt, table)
         first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema, None,
                                                upper, None, None, 20)
         assert rows == 20 and last == (20,)
@@ -226,12 +244,7 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
         for held in (first, second):
             settled = rt.state.get_window(held.window_id)
             assert settled is not None and settled.value.status == "emitted", settled
-        progress = rt.state.get_range(capture_id, range_id)
-        assert progress is not None and progress.value.last_emitted_key == (40,)
-        assert progress.value.chunks_emitted == 2 and progress.value.rows_emitted == 40
-        frame = changelog_frame(spark, rt.layout.changelog(table))
-        reads = frame[frame["op"] == "r"]
-        assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+        assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
 
 
 def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_range(
@@ -322,11 +335,7 @@ def test_log_changes_wait_for_the_chunks_pinned_so_far_not_for_every_later_one(
 
     try:
         with open_runtime(config, spark=spark) as rt:
-            capturer, capture_id, range_id = plan_capture(rt, table)
-            fixed = capturer._fix_upper(capture_id, range_id, threading.Event())
-            assert fixed is not None
-            upper = fixed[0].upper
-            schema = rt.dialect.table_schema(table)
+            capturer, capture_id, range_id, upper, schema = plan_bounded_capture(rt, table)
             tailer = rt.tailer()
             tailer.options = replace(tailer.options, pin_ahead_s=1.0)
             stop = threading.Event()
@@ -365,15 +374,10 @@ def test_log_changes_wait_for_the_chunks_pinned_so_far_not_for_every_later_one(
                 for h in held:
                     handoff.release(rt.state, h.window_id)
                 for w in writers:
-                    if w.is_alive() or w.ident is not None:
+                    if w.ident is not None:  # started
                         w.join(timeout=60)
                 tailing.join(timeout=60)
-            progress = rt.state.get_range(capture_id, range_id)
-            assert progress is not None and progress.value.last_emitted_key == (40,)
-            assert progress.value.chunks_emitted == 2 and progress.value.rows_emitted == 40
-            frame = changelog_frame(spark, rt.layout.changelog(table))
-            reads = frame[frame["op"] == "r"]
-            assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
+            frame = assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
             updates = frame[frame["op"] == "u"]
             assert [r["v"] for r in updates["after"]] == [-1]
             rt.state.delete("", recursive=True)
