@@ -18,11 +18,17 @@ wall-clock time each COMMIT returned. Two phases of ``--seconds`` each, in one p
   as visible in the mirror once the mirror shows that key at this update or a later one (the
   MERGE keeps one row per key).
 
+With ``--capture``, a capture of the whole table (``--prefill`` rows; give it enough to last
+the phase) starts in the dblog phase once the writers run: the writes' latency then includes
+what a capture beside the tail costs them (a batch that holds a chunk's high watermark waits
+for the chunk's files).
+
 Writes of the first ``--warmup`` seconds are left out. Prints p50/p95/p99/max seconds of each
 path, dblog / baseline for p50 and p99 and the issue's targets (p50 ≤ 2 s, p99 ≤ 5 s to the
 changelog; printed, never asserted), and writes ``bench/results/latency.json``.
 
     .venv/bin/python -m bench.bench_latency [--tps 1000] [--seconds 60] [--smoke]
+    .venv/bin/python -m bench.bench_latency --capture --prefill 1000000 --output ...
 """
 
 from __future__ import annotations
@@ -302,6 +308,43 @@ def baseline_phase(ep: Endpoints, db: str, args: argparse.Namespace, first_new: 
             "rows_decoded": decoder.rows, "decoded": summary(*lat["decoded"])}, commits
 
 
+class CaptureBeside(threading.Thread):
+    """A capture of ``table`` to its end, in a thread of its own (``--capture``)."""
+
+    def __init__(self, rt: Any, table: Any, health_check: Callable[[], None]) -> None:
+        from pipeline.capture import CaptureRequest
+
+        super().__init__(name="capture-beside", daemon=True)
+        self.capturer = rt.capturer()
+        self.capturer.health_check = health_check
+        self.capture_id = self.capturer.plan(CaptureRequest((table,)))
+        self.halt = threading.Event()
+        self.statuses: list[str] = []
+        self.error: BaseException | None = None
+        self.began = time.monotonic()
+        self.seconds: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            reports = self.capturer.run(self.capture_id, stop=self.halt)
+            self.statuses = [r.status for r in reports]
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+        self.seconds = time.monotonic() - self.began
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the capture's end (stop it after ``timeout``); what it did."""
+        self.join(timeout)
+        if self.is_alive():
+            self.halt.set()
+            self.join(60)
+        if self.error is not None:
+            raise RuntimeError(f"the capture beside failed: {self.error}") from self.error
+        return {"statuses": self.statuses,
+                "seconds": None if self.seconds is None else round(self.seconds, 2)}
+
+
 def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
                 first_new: int) -> tuple[dict[str, Any], Commits]:
     """Writers for ``--seconds`` while the tailer runs and the poller watches the lake."""
@@ -330,11 +373,13 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
                                     existing=args.prefill, first_new=first_new + 20,
                                     out=commits):
                     began = time.time()  # every writer committed once
+                    capture = CaptureBeside(rt, table, bg.check) if args.capture else None
                     deadline = time.monotonic() + args.seconds
                     while time.monotonic() < deadline:
                         bg.check()
                         time.sleep(0.2)
                 stopped = time.time()
+                captured = None if capture is None else capture.finish(args.drain_timeout)
                 # Drain: until every write is visible in both tables (or the timeout).
                 pending = list(zip(commits.kind, commits.key, commits.seq, strict=True))
                 deadline = time.monotonic() + args.drain_timeout
@@ -364,6 +409,7 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
         "tailer_batches": len(batches),
         "tailer_events": sum(e for e, _ in batches),
         "tailer_batch_seconds": percentiles([s for _, s in batches], digits=2),
+        "capture": captured,
         "tail": {"batch_max_events": config.tail.batch_max_events,
                  "batch_max_seconds": config.tail.batch_max_seconds,
                  "poll_seconds": config.tail.poll_seconds},
@@ -384,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between the lake poller's looks at the Delta versions")
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="after the writers stop, wait this long for the rest to appear")
+    parser.add_argument("--capture", action="store_true",
+                        help="capture the table (--prefill rows) beside the tail in the "
+                             "dblog phase")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/latency[-smoke].json)")
@@ -460,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         "tps": args.tps, "writers": args.writers, "seconds": args.seconds,
         "warmup_s": args.warmup, "prefill": args.prefill, "poll_s": args.poll,
         "drain_timeout_s": args.drain_timeout, "insert_share": 0.2, "smoke": args.smoke,
+        "capture": args.capture,
         "spark_master": spark.conf.get("spark.master"),
     }
     path = write_results(output, "latency", parameters, results, {

@@ -51,7 +51,8 @@ def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
     from bench import bench_latency
 
     out = tmp_path / "latency.json"
-    assert bench_latency.main(["--smoke", "--output", str(out)]) == 0
+    # with a capture beside the tail (`make bench` runs without one)
+    assert bench_latency.main(["--smoke", "--capture", "--output", str(out)]) == 0
     doc = smoke_result(out, "latency")
     base, dblog = doc["results"]["baseline"], doc["results"]["dblog"]
     assert base["commits"] > 0 and base["achieved_tps"] > 0 and base["rows_decoded"] > 0
@@ -64,6 +65,7 @@ def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
         for p in ("p50", "p99"):
             assert doc["results"]["ratio"][f"{path}_{p}"] > 0
     assert dblog["delta_versions"]["changelog"] > 0 and dblog["tailer_events"] > 0
+    assert dblog["capture"]["statuses"] == ["done"] and dblog["capture"]["seconds"] > 0
 
 
 def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
