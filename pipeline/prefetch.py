@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,7 @@ class PrefetchingReader:
         self._stop = threading.Event()
         self._resume: Mapping[str, Any] | None = getattr(inner, "resume", None)
         self._behind = False
+        self._timed_out = False
         self._thread = threading.Thread(target=self._run, name="log-prefetch", daemon=True)
         self._thread.start()
 
@@ -71,6 +73,14 @@ class PrefetchingReader:
         waiting, so the reader is behind the head rather than following it."""
         with self._cond:
             return self._behind
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the last :meth:`read` returned nothing because its ``max_wait_s`` passed
+        while the inner reader was still reading (not after an inner read that found
+        nothing: ``[]`` then says nothing about the log)."""
+        with self._cond:
+            return self._timed_out
 
     @property
     def drained(self) -> bool:
@@ -101,18 +111,23 @@ class PrefetchingReader:
 
     def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
         """Up to ``max_transactions`` transactions read ahead. With none waiting, waits for
-        the inner reader's next read (it returns within about its own ``poll_s``), so
-        ``[]`` means what it means for the inner reader: nothing new within its wait
-        (``resume`` then covers what it skipped). ``max_wait_s`` is not needed: the inner
-        reader's wait bounds this one."""
-        del max_wait_s
+        the inner reader's next read (it returns within about its own ``poll_s``), at most
+        ``max_wait_s``: ``[]`` after an inner read means what it means for the inner
+        reader, nothing new within its wait (``resume`` then covers what it skipped);
+        ``[]`` after ``max_wait_s`` (:attr:`timed_out`) only that the read goes on."""
         out: list[Transaction] = []
+        deadline = time.monotonic() + max(0.0, max_wait_s)
         with self._cond:
+            self._timed_out = False
             while len(out) < max_transactions:
                 if not self._queue:
                     if out or not self._thread.is_alive():
                         break
-                    self._cond.wait(1.0)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._timed_out = True
+                        break
+                    self._cond.wait(min(left, 1.0))
                     continue
                 item = self._queue[0]
                 if item.error is not None:

@@ -491,6 +491,14 @@ class Tailer:
                     if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                     continue
+                if reader.timed_out:
+                    # The reader still reads: a batch waiting for its pinned chunks' files
+                    # looks for them meanwhile (a quiet log would hold it for a whole
+                    # read); a replayed batch waits for its recorded end.
+                    cut = None if cutter.replaying else cutter.pending
+                    if pending.pinned and due(cut) and cut_at(cut):
+                        return self._finish(summary, committed.value)
+                    continue
                 here = reader.resume
                 cut = (cutter.idle(self.dialect.to_position(here), here) if here
                        else cutter.pending)

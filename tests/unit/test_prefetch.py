@@ -147,3 +147,35 @@ def test_a_full_read_means_the_reader_is_behind_until_a_read_comes_back_short() 
         assert not reader.behind  # a short read: it follows the head
     finally:
         reader.close()
+
+
+def test_a_read_returns_after_max_wait_while_the_inner_read_goes_on() -> None:
+    """A caller that has something else to look at (a tailer whose batch waits for pinned
+    chunks' files) is not held for the inner reader's whole read; what that read brings
+    comes with a later call, and an idle inner read is told apart from a wait cut short."""
+    release = threading.Event()
+
+    class Slow(ScriptedReader):
+        def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
+            if self.script and self.script[0] == ("txs", [2]):
+                release.wait(10)
+            return super().read(max_transactions=max_transactions, max_wait_s=max_wait_s)
+
+    inner = Slow([("txs", [1]), ("txs", [2]), ("idle", 3)])
+    reader = PrefetchingReader(inner, read_transactions=3, poll_s=0.01)  # type: ignore[arg-type]
+    try:
+        assert [t.position.lsn for t in reader.read(max_transactions=10, max_wait_s=5)] == [1]
+        began = time.monotonic()
+        assert reader.read(max_transactions=10, max_wait_s=0.05) == []
+        assert time.monotonic() - began < 2.0, "held for the inner reader's whole read"
+        assert reader.timed_out
+        assert reader.resume == {"pos": 1}  # nothing handed out: still after 1
+        release.set()
+        assert [t.position.lsn for t in reader.read(max_transactions=10, max_wait_s=5)] == [2]
+        assert not reader.timed_out
+        assert reader.read(max_transactions=10, max_wait_s=5) == []  # the idle inner read
+        assert not reader.timed_out
+        assert reader.resume == {"pos": 3}  # past what the idle read skipped
+    finally:
+        release.set()
+        reader.close()
