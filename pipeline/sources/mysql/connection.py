@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import select
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,47 @@ class LogConnection(pymysql.connections.Connection):  # type: ignore[misc]
         connected: Any = getattr(self, "_sock", None)
         if connected is not None and not isinstance(connected, _SteadyTimeoutSocket):
             setattr(self, "_sock", _SteadyTimeoutSocket(connected))  # noqa: B010 - untyped base
+            self._raw_log = _PeekableRaw(connected.makefile("rb", buffering=0))
+            self._rfile = io.BufferedReader(self._raw_log)
+
+    def data_waiting(self) -> bool:
+        """Whether more of the stream can be read now without waiting: bytes already
+        buffered (looked at without reading the socket), or on the socket."""
+        raw: _PeekableRaw | None = getattr(self, "_raw_log", None)
+        connected: Any = getattr(self, "_sock", None)
+        if raw is None or connected is None or self._rfile is None:
+            return False
+        raw.peeking = True
+        try:
+            if self._rfile.peek(1):
+                return True
+        finally:
+            raw.peeking = False
+        readable, _, _ = select.select([connected], [], [], 0)
+        return bool(readable)
+
+
+class _PeekableRaw(io.RawIOBase):
+    """The socket's raw stream under the binlog connection's buffer; while ``peeking``, a
+    read finds nothing instead of waiting, so that ``peek`` shows what is buffered only."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self.peeking = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self.peeking:
+            return None
+        read: int | None = self._raw.readinto(buffer)
+        return read
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def translate(exc: BaseException, settings: MySqlSettings, doing: str = "") -> DblogError:
