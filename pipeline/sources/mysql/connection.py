@@ -87,6 +87,9 @@ class LogConnection(pymysql.connections.Connection):  # type: ignore[misc]
         connected: Any = getattr(self, "_sock", None)
         if connected is not None and not isinstance(connected, _SteadyTimeoutSocket):
             setattr(self, "_sock", _SteadyTimeoutSocket(connected))  # noqa: B010 - untyped base
+            # A buffer that :meth:`data_waiting` can look into. Replaced after the handshake
+            # and the session's set-up queries: the server sends nothing unasked before the
+            # binlog dump is requested, so the old buffer holds nothing.
             self._raw_log = _PeekableRaw(connected.makefile("rb", buffering=0))
             self._rfile = io.BufferedReader(self._raw_log)
 
