@@ -411,28 +411,6 @@ def test_hostile_identifiers_round_trip(
 # -- transactions and positions ---------------------------------------------------------------
 
 
-def test_a_read_hands_out_a_transaction_once_the_server_sent_nothing_more(
-    services: Endpoints, sql: Any, db: str
-) -> None:
-    """Following the head, a read returns what it has as soon as nothing more of the log
-    has arrived, not at the server's next heartbeat (a capture's high watermark is pinned
-    that much sooner, and a log change reaches the lake sooner)."""
-    dialect = MySqlDialect(make_settings(services, watermark_database=db, heartbeat_s=5.0))
-    table = TableId(db, "soon")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v VARCHAR(10))")
-    reader = dialect.open_log(dialect.head_position(), [table])
-    try:
-        execute(sql, f"INSERT INTO {quote_table(table)} VALUES (1, 'a')")
-        began = time.monotonic()
-        got = reader.read(max_transactions=10, max_wait_s=20)
-        took = time.monotonic() - began
-    finally:
-        reader.close()
-        dialect.close()
-    assert [(e.op, e.key) for e in changes(got)] == [(Op.CREATE, (1,))]
-    assert took < 2.5, f"the read waited {took:.1f}s (the heartbeat is 5s)"
-
-
 def test_multi_row_transaction_and_primary_key_update(
     dialect: MySqlDialect, sql: Any, db: str
 ) -> None:

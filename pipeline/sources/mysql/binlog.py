@@ -373,9 +373,8 @@ class MySqlLogReader:
 
     def read(self, *, max_transactions: int, max_wait_s: float) -> list[Transaction]:
         """Up to ``max_transactions`` committed transactions touching the tracked tables
-        or the watermark table. Returns early once something was read and nothing more of
-        the log has arrived (or the server is idle: a heartbeat); otherwise waits at most
-        about ``max_wait_s``."""
+        or the watermark table. Returns early once the server is idle (heartbeat) and
+        something was read; otherwise waits at most about ``max_wait_s``."""
         if self._closed:
             raise SourceError("the binlog reader is closed")
         out: list[Transaction] = []
@@ -397,8 +396,6 @@ class MySqlLogReader:
                 txn = self._handle(event)
                 if txn is not None:
                     out.append(txn)
-                    if not self._stream.data_waiting():
-                        break  # following the head: hand out what is here now
         except Exception as exc:  # translated below
             self._drop_stream()
             if out:  # deliver what is complete; the error recurs on the next call

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import select
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +20,9 @@ class MySqlSettings:
     """Where a MariaDB/MySQL source is and how the pipeline logs in.
 
     ``server_id`` identifies the binlog (replica) connection and must be unique among the
-    server's replicas; ``heartbeat_s`` bounds how long an idle log read blocks.
+    server's replicas; ``heartbeat_s`` bounds how long an idle log read blocks, and how
+    long a read that has something keeps it once the server has nothing more (a lone
+    transaction on a quiet log, such as a capture's high watermark, is handed out then).
     """
 
     name: str
@@ -33,7 +33,7 @@ class MySqlSettings:
     server_id: int = 5401
     watermark_database: str = "dblog"
     connect_timeout: float = 10.0
-    heartbeat_s: float = 0.2
+    heartbeat_s: float = 0.05
     read_timeout: float = 60.0
 
     @property
@@ -87,50 +87,6 @@ class LogConnection(pymysql.connections.Connection):  # type: ignore[misc]
         connected: Any = getattr(self, "_sock", None)
         if connected is not None and not isinstance(connected, _SteadyTimeoutSocket):
             setattr(self, "_sock", _SteadyTimeoutSocket(connected))  # noqa: B010 - untyped base
-            # A buffer that :meth:`data_waiting` can look into. Replaced after the handshake
-            # and the session's set-up queries: the server sends nothing unasked before the
-            # binlog dump is requested, so the old buffer holds nothing.
-            self._raw_log = _PeekableRaw(connected.makefile("rb", buffering=0))
-            self._rfile = io.BufferedReader(self._raw_log)
-
-    def data_waiting(self) -> bool:
-        """Whether more of the stream can be read now without waiting: bytes already
-        buffered (looked at without reading the socket), or on the socket."""
-        raw: _PeekableRaw | None = getattr(self, "_raw_log", None)
-        connected: Any = getattr(self, "_sock", None)
-        if raw is None or connected is None or self._rfile is None:
-            return False
-        raw.peeking = True
-        try:
-            if self._rfile.peek(1):
-                return True
-        finally:
-            raw.peeking = False
-        readable, _, _ = select.select([connected], [], [], 0)
-        return bool(readable)
-
-
-class _PeekableRaw(io.RawIOBase):
-    """The socket's raw stream under the binlog connection's buffer; while ``peeking``, a
-    read finds nothing instead of waiting, so that ``peek`` shows what is buffered only."""
-
-    def __init__(self, raw: Any) -> None:
-        super().__init__()
-        self._raw = raw
-        self.peeking = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int | None:
-        if self.peeking:
-            return None
-        read: int | None = self._raw.readinto(buffer)
-        return read
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
 
 
 def translate(exc: BaseException, settings: MySqlSettings, doing: str = "") -> DblogError:

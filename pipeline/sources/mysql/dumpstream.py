@@ -158,11 +158,6 @@ class DumpStream(BinLogStreamReader):  # type: ignore[misc]
             if event is not None:
                 return event
 
-    def data_waiting(self) -> bool:
-        """Whether more of the dump can be read now without waiting for the server."""
-        connection = getattr(self, "_stream_connection", None)
-        return connection is not None and bool(connection.data_waiting())
-
     def library_event(self, raw: RawRows) -> Any:
         """The library's event for a ROWS event read raw (its rows decoded by the library)."""
         pkt = raw.packet
