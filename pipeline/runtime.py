@@ -7,11 +7,11 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pipeline.capture import CaptureOptions, Capturer
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, TailConfig
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
@@ -53,6 +53,13 @@ def identifier() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def tail_options(tail: TailConfig) -> TailOptions:
+    """The tailer's options from the configuration's ``tail`` section: every setting the
+    two share by name (the lag levels are the asset checks' own)."""
+    shared = {f.name for f in fields(TailConfig)} & {f.name for f in fields(TailOptions)}
+    return TailOptions(**{name: getattr(tail, name) for name in sorted(shared)})
+
+
 @dataclass
 class Runtime:
     """A connected source and state store; Spark and the lake writer start on first use."""
@@ -92,17 +99,7 @@ class Runtime:
         return LakeLayout(self.config.lake, self.config.source.name)
 
     def tailer(self, tables: Sequence[TableId] | None = None, **kwargs: object) -> Tailer:
-        tail = self.config.tail
-        options = TailOptions(
-            batch_max_events=tail.batch_max_events,
-            batch_max_seconds=tail.batch_max_seconds,
-            poll_seconds=tail.poll_seconds,
-            window_expiry_s=tail.window_expiry_s,
-            maintain_every_s=tail.maintain_every_s,
-            mirror_every_s=tail.mirror_every_s,
-            mirror_every_s_behind=tail.mirror_every_s_behind,
-            mirror_every_s_capturing=tail.mirror_every_s_capturing,
-        )
+        options = tail_options(self.config.tail)
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
                       tables=self.config.table_ids if tables is None else tuple(tables),
                       options=options,

@@ -75,14 +75,17 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     ("patch", "message"),
     [
         ({"source": None}, "source must be a mapping"),
-        ({"tables": []}, "tables must be a non-empty list"),
+        ({"tables": []}, "tables must not be empty"),
         ({"tables": ["no_dot"]}, r"tables\[0\].*DATABASE.TABLE"),
         ({"tables": ["a.b", "a.b"]}, "listed twice"),
-        ({"bogus": 1}, "unknown top-level keys: bogus"),
+        ({"bogus": 1},
+         r"config: unknown keys: bogus \(known: capture, lake, source, spark, tables, tail, "
+         r"zookeeper\)"),
         ({"capture": {"chunk_size": 0}}, "capture.chunk_size must be a positive number"),
-        ({"capture": {"chunk_size": "many"}}, "capture.chunk_size must be a positive number"),
+        ({"capture": {"chunk_size": "many"}},
+         "capture.chunk_size must be a whole number, got 'many'"),
         ({"capture": {"max_rows_per_s": 0}}, "capture.max_rows_per_s must be a positive"),
-        ({"capture": {"max_rows_per_s": "slow"}}, "capture.max_rows_per_s must be a positive"),
+        ({"capture": {"max_rows_per_s": "slow"}}, "capture.max_rows_per_s must be a number"),
         ({"source": {**GOOD["source"], "kind": "oracle"}}, "not supported"),
         ({"source": {**GOOD["source"], "port": "x"}}, "source.port must be a whole number"),
         ({"source": {k: v for k, v in GOOD["source"].items() if k != "host"}},
@@ -92,26 +95,30 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"tail": {"mirror_every_s_behind": "1m"}}, r"tail.mirror_every_s_behind must be"),
         ({"tail": {"mirror_every_s_capturing": -5}}, r"tail.mirror_every_s_capturing must be"),
         ({"tail": {"mirror_every_s_captureing": 0}},
-         "unknown tail keys: mirror_every_s_captureing"),
+         r"tail: unknown keys: mirror_every_s_captureing \(known: .*mirror_every_s_capturing"),
         ({"tail": [1]}, "tail must be a mapping"),
-        ({"capture": {"chunksize": 10}}, "unknown capture keys: chunksize"),
+        ({"capture": {"chunksize": 10}},
+         r"capture: unknown keys: chunksize \(known: chunk_max_rows, chunk_size,"),
         ({"capture": "fast"}, "capture must be a mapping"),
         ({"source": {**GOOD["source"], "kind": "postgres"}}, "source.database"),
-        ({"source": {**GOOD["source"], "slot": "s"}}, "unknown keys for kind 'mariadb': slot"),
+        ({"source": {**GOOD["source"], "slot": "s"}},
+         "source: unknown keys for kind 'mariadb': slot"),
         ({"source": {**GOOD["source"], "kind": "postgres", "database": "d", "server_id": 1,
-                     "bogus": 2}}, "unknown keys for kind 'postgres': bogus"),
-        ({"zookeeper": {"session_timeout": 5}}, "unknown zookeeper keys: session_timeout"),
-        ({"zookeeper": {"session_timeout_s": 1}}, "session_timeout_s must be between 2 and"),
-        ({"zookeeper": {"session_timeout_s": "long"}}, "must be a positive number"),
+                     "bogus": 2}}, "source: unknown keys for kind 'postgres': bogus"),
+        ({"zookeeper": {"session_timeout": 5}}, "zookeeper: unknown keys: session_timeout "),
+        ({"zookeeper": {"session_timeout_s": 1}},
+         "zookeeper.session_timeout_s must be between 2 and 120 seconds, got 1"),
+        ({"zookeeper": {"session_timeout_s": "long"}}, "session_timeout_s must be a number"),
         ({"lake": "s3a://AKIA:secret@bucket/lake"}, "must not hold credentials"),
         ({"lake": "s3a:///lake"}, "names no bucket"),
         ({"lake": "s3a://bucket/lake?x=1"}, "query or fragment"),
-        ({"lake": 3}, "lake must be a path"),
+        ({"lake": 3}, "lake must be a string, got 3"),
         ({"spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "x"}}}, "no credentials"),
         ({"spark": {"conf": {"fs.s3a.endpoint": "x"}}}, "is not a Spark setting"),
         ({"spark": {"conf": {"spark.x": [1]}}}, "must be a single value"),
-        ({"spark": {"jars": "a.jar"}}, "must be a list of jar file paths"),
-        ({"spark": {"executors": 3}}, "unknown spark keys: executors"),
+        ({"spark": {"jars": "a.jar"}}, "spark.jars must be a list, got 'a.jar'"),
+        ({"spark": {"executors": 3}},
+         r"spark: unknown keys: executors \(known: conf, jars, master\)"),
         ({"spark": ["local[2]"]}, "spark must be a mapping"),
     ],
 )
@@ -164,3 +171,69 @@ def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="no such jar file: .*hadoop-aws.jar"):
         spark_conf(jars=[str(tmp_path / "hadoop-aws.jar")])
+
+
+def test_every_tail_setting_reaches_the_tailer() -> None:
+    from dataclasses import fields
+
+    from pipeline.config import TailConfig
+    from pipeline.runtime import tail_options
+    from pipeline.tailer import TailOptions
+
+    settings = {"batch_max_events": 5000, "batch_max_seconds": 1.5, "poll_seconds": 0.25,
+                "window_expiry_s": 600, "maintain_every_s": 0, "mirror_every_s": 5,
+                "mirror_every_s_behind": 30, "mirror_every_s_capturing": 20,
+                "mirror_max_events": 1000, "chunk_files_timeout_s": 60, "pin_ahead_s": 2.5}
+    config = parse_config({**GOOD, "tail": settings})
+    options = tail_options(config.tail)
+    for name, value in settings.items():
+        assert getattr(options, name) == value, name
+    # every tail setting but the asset checks' lag levels is a tailer option
+    assert {f.name for f in fields(TailConfig)} - {f.name for f in fields(TailOptions)} == {
+        "lag_warn_s", "lag_error_s"}
+    defaults = tail_options(parse_config(GOOD).tail)
+    assert (defaults.pin_ahead_s, defaults.chunk_files_timeout_s) == (10.0, 300.0)
+
+
+def test_every_problem_is_named_at_once_with_its_place() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**GOOD, "capture": {"chunk_size": 0, "max_in_flight": True},
+                      "tables": ["shop.a", {"name": "shop.b", "repair_cron": "daily"}]})
+    message = str(caught.value)
+    assert message.startswith("config: 3 problems:")
+    assert "capture.chunk_size must be a positive number, got 0" in message
+    assert "capture.max_in_flight must be a whole number, got True" in message
+    assert "tables[1].repair_cron must be a 5-field cron expression, got 'daily'" in message
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"tail": {"pin_ahead_s": -1}}, r"tail.pin_ahead_s must be a number of seconds"),
+        ({"tail": {"chunk_files_timeout_s": 0}}, "tail.chunk_files_timeout_s must be a positive"),
+        ({"tail": {"batch_max_events": 10.5}}, "tail.batch_max_events must be a whole number"),
+        ({"tail": {"poll_seconds": "1"}}, "tail.poll_seconds must be a number, got '1'"),
+        ({"tail": {"lag_warn_s": 100, "lag_error_s": 50}}, "lag_error_s must not be below"),
+        ({"tables": ["shop.a", {"name": "shop.b", "repair_capture_all": "yes"}]},
+         r"tables\[1\].repair_capture_all must be true or false"),
+        ({"tables": [{"chunk_size": 5}]}, r"tables\[0\].name is missing"),
+        ({"source": {**GOOD["source"], "password_env": "hunter2 secret"}},
+         "source.password_env must name an environment variable"),
+        ({"spark": {"master": 7}}, "spark.master must be a string, got 7"),
+    ],
+)
+def test_bad_settings_name_their_place(patch: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**GOOD, **patch})
+
+
+def test_empty_sections_and_null_settings_keep_the_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = parse_config({**GOOD, "tail": None, "capture": {"chunk_size": None},
+                           "zookeeper": None, "spark": {"conf": None, "jars": None}})
+    assert config.tail.pin_ahead_s == 10.0
+    assert config.capture.chunk_size == 100_000
+    assert config.spark_conf == {} and config.spark_jars == ()
+    monkeypatch.setenv("DBLOG_TEST_PORT", "23306")
+    port = parse_config({**GOOD, "source": {**GOOD["source"], "port": "${DBLOG_TEST_PORT}"}})
+    assert port.source.port == 23306
