@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pipeline.capture import CaptureOptions, Capturer
-from pipeline.config import PipelineConfig, TailConfig
+from pipeline.config import CaptureConfig, PipelineConfig, TailConfig
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
@@ -58,6 +58,15 @@ def tail_options(tail: TailConfig) -> TailOptions:
     two share by name (the lag levels are the asset checks' own)."""
     shared = {f.name for f in fields(TailConfig)} & {f.name for f in fields(TailOptions)}
     return TailOptions(**{name: getattr(tail, name) for name in sorted(shared)})
+
+
+def capture_options(config: PipelineConfig) -> CaptureOptions:
+    """A capture's options from the configuration's ``capture`` section (every setting the
+    two share by name; ``range_rows`` is the Dagster partitions' own) and each table's
+    first chunk size."""
+    shared = {f.name for f in fields(CaptureConfig)} & {f.name for f in fields(CaptureOptions)}
+    return CaptureOptions(**{name: getattr(config.capture, name) for name in sorted(shared)},
+                          chunk_sizes={t.table: t.chunk_size for t in config.tables})
 
 
 @dataclass
@@ -107,13 +116,7 @@ class Runtime:
 
     def capturer(self) -> Capturer:
         cap = self.config.capture
-        options = CaptureOptions(
-            chunk_size=cap.chunk_size, max_in_flight=cap.max_in_flight,
-            chunk_max_rows=cap.chunk_max_rows, chunk_target_seconds=cap.chunk_target_seconds,
-            read_partitions=cap.read_partitions, read_partition_rows=cap.read_partition_rows,
-            max_rows_per_s=cap.max_rows_per_s,
-            chunk_sizes={t.table: t.chunk_size for t in self.config.tables},
-        )
+        options = capture_options(self.config)
         if cap.max_rows_per_s is not None and self._read_rate is None:
             self._read_rate = RowRate(cap.max_rows_per_s)
         return Capturer(dialect=self.dialect, state=self.state, sink=self.sink,

@@ -237,3 +237,22 @@ def test_empty_sections_and_null_settings_keep_the_defaults(
     monkeypatch.setenv("DBLOG_TEST_PORT", "23306")
     port = parse_config({**GOOD, "source": {**GOOD["source"], "port": "${DBLOG_TEST_PORT}"}})
     assert port.source.port == 23306
+
+
+def test_every_capture_setting_reaches_the_capture() -> None:
+    from dataclasses import fields
+
+    from pipeline.capture import CaptureOptions
+    from pipeline.config import CaptureConfig
+    from pipeline.runtime import capture_options
+
+    settings = {"chunk_size": 7, "chunk_max_rows": 70, "chunk_target_seconds": 3.5,
+                "max_in_flight": 2, "read_partitions": 3, "read_partition_rows": 9,
+                "max_rows_per_s": 123.0}
+    config = parse_config({**GOOD, "capture": settings})
+    options = capture_options(config)
+    for name, value in settings.items():
+        assert getattr(options, name) == value, name
+    assert options.chunk_sizes == {TableId("shop", "accounts"): 7, TableId("shop", "orders"): 10}
+    assert {f.name for f in fields(CaptureConfig)} - {f.name for f in fields(CaptureOptions)} == {
+        "range_rows"}
