@@ -47,6 +47,11 @@ CPU-s, and the rows' own loops, called millions of times, still reach C2 early i
 (the tail's rate did not drop: README, 2026-11-26, late night)."""
 
 
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+"""dblog's JVM options (the Derby home, :data:`C2_THRESHOLDS`); a configuration's own are
+added after them, not instead."""
+
+
 def spark_conf(
     *, master: str | None = None, extra: Mapping[str, str] | None = None,
     jars: Sequence[str] = (),
@@ -67,7 +72,7 @@ def spark_conf(
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(warehouse),
-        "spark.driver.extraJavaOptions": " ".join(
+        JAVA_OPTIONS: " ".join(
             [f"-Dderby.system.home={dblog_home() / 'derby'}", *C2_THRESHOLDS]),
         # Micro-batches are small: a few tasks beat Spark's 200 shuffle partitions and Delta's
         # 50 snapshot partitions by far (bench/bench_sink.py measures it).
@@ -89,7 +94,11 @@ def spark_conf(
         "spark.sql.ansi.enabled": "false",
         "spark.driver.memory": os.environ.get("DBLOG_SPARK_DRIVER_MEMORY", "2g"),
     }
-    conf.update(extra or {})
+    for key, value in (extra or {}).items():
+        if key == JAVA_OPTIONS:
+            # The user's options after dblog's: where both set a flag, the JVM takes the last.
+            value = f"{conf[key]} {value.strip()}".strip()
+        conf[key] = value
     return conf
 
 

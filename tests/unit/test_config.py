@@ -256,3 +256,14 @@ def test_every_capture_setting_reaches_the_capture() -> None:
     assert options.chunk_sizes == {TableId("shop", "accounts"): 7, TableId("shop", "orders"): 10}
     assert {f.name for f in fields(CaptureConfig)} - {f.name for f in fields(CaptureOptions)} == {
         "range_rows"}
+
+
+def test_the_users_jvm_options_are_added_to_dblogs() -> None:
+    from pipeline.spark import C2_THRESHOLDS, JAVA_OPTIONS, spark_conf
+
+    ours = spark_conf()[JAVA_OPTIONS]
+    assert all(flag in ours for flag in C2_THRESHOLDS)
+    theirs = spark_conf(extra={JAVA_OPTIONS: "-Xss4m -Dx=1", "spark.sql.shuffle.partitions": "8"})
+    assert theirs[JAVA_OPTIONS] == f"{ours} -Xss4m -Dx=1"
+    assert theirs["spark.sql.shuffle.partitions"] == "8"  # any other setting replaces dblog's
+    assert spark_conf(extra={JAVA_OPTIONS: " "})[JAVA_OPTIONS] == ours
