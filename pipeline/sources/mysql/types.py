@@ -119,7 +119,11 @@ class SourceType:
         """A SELECT expression for the column giving a JDBC value of its canonical type.
 
         Temporal values travel as text (no JVM time-zone conversion); the session time
-        zone must be UTC for TIMESTAMP (``jdbc_options`` sets it).
+        zone must be UTC for TIMESTAMP (``jdbc_options`` sets it). The server formats the
+        text: a bare DATETIME read as a string is the driver's rendering, not the server's
+        (MariaDB Connector/J gives '0000-01-01 10:00:00' as '0001-01-01 10:00:00.000' and a
+        zero DATETIME as NULL), though the ``DATE_FORMAT`` costs the server most of a chunk
+        select's work beyond the bare columns.
         """
         b = self.base
         if b == "bigint" and self.unsigned:
