@@ -333,14 +333,18 @@ class CaptureBeside(threading.Thread):
             self.error = exc
         self.seconds = time.monotonic() - self.began
 
+    def check(self) -> None:
+        """Raise the capture's failure as soon as it happened, not at the phase's end."""
+        if self.error is not None:
+            raise RuntimeError(f"the capture beside failed: {self.error}") from self.error
+
     def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for the capture's end (stop it after ``timeout``); what it did."""
         self.join(timeout)
         if self.is_alive():
             self.halt.set()
             self.join(60)
-        if self.error is not None:
-            raise RuntimeError(f"the capture beside failed: {self.error}") from self.error
+        self.check()
         return {"statuses": self.statuses,
                 "seconds": None if self.seconds is None else round(self.seconds, 2)}
 
@@ -377,6 +381,8 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
                     deadline = time.monotonic() + args.seconds
                     while time.monotonic() < deadline:
                         bg.check()
+                        if capture is not None:
+                            capture.check()
                         time.sleep(0.2)
                 stopped = time.time()
                 captured = None if capture is None else capture.finish(args.drain_timeout)
