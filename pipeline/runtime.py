@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pipeline.capture import CaptureOptions, Capturer
-from pipeline.config import CaptureConfig, PipelineConfig, TailConfig
+from pipeline.config import PipelineConfig, TailConfig
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.lake.layout import LakeLayout
@@ -53,19 +53,24 @@ def identifier() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _shared_settings(settings: Any, options: type[Any]) -> dict[str, Any]:
+    """The values of ``settings`` (a config section) for every field ``options`` (the
+    component's options dataclass) has by the same name."""
+    names = {f.name for f in fields(settings)} & {f.name for f in fields(options)}
+    return {name: getattr(settings, name) for name in sorted(names)}
+
+
 def tail_options(tail: TailConfig) -> TailOptions:
     """The tailer's options from the configuration's ``tail`` section: every setting the
     two share by name (the lag levels are the asset checks' own)."""
-    shared = {f.name for f in fields(TailConfig)} & {f.name for f in fields(TailOptions)}
-    return TailOptions(**{name: getattr(tail, name) for name in sorted(shared)})
+    return TailOptions(**_shared_settings(tail, TailOptions))
 
 
 def capture_options(config: PipelineConfig) -> CaptureOptions:
     """A capture's options from the configuration's ``capture`` section (every setting the
     two share by name; ``range_rows`` is the Dagster partitions' own) and each table's
     first chunk size."""
-    shared = {f.name for f in fields(CaptureConfig)} & {f.name for f in fields(CaptureOptions)}
-    return CaptureOptions(**{name: getattr(config.capture, name) for name in sorted(shared)},
+    return CaptureOptions(**_shared_settings(config.capture, CaptureOptions),
                           chunk_sizes={t.table: t.chunk_size for t in config.tables})
 
 

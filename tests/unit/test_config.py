@@ -176,7 +176,7 @@ def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
 def test_every_tail_setting_reaches_the_tailer() -> None:
     from dataclasses import fields
 
-    from pipeline.config import TailConfig
+    from pipeline.config import CaptureConfig, TailConfig
     from pipeline.runtime import tail_options
     from pipeline.tailer import TailOptions
 
@@ -191,6 +191,11 @@ def test_every_tail_setting_reaches_the_tailer() -> None:
     # every tail setting but the asset checks' lag levels is a tailer option
     assert {f.name for f in fields(TailConfig)} - {f.name for f in fields(TailOptions)} == {
         "lag_warn_s", "lag_error_s"}
+    # the YAML's tail section knows every setting, and only those
+    from pipeline.config_schema import CaptureSection, TailSection
+
+    assert set(TailSection.model_fields) == {f.name for f in fields(TailConfig)}
+    assert set(CaptureSection.model_fields) == {f.name for f in fields(CaptureConfig)}
     defaults = tail_options(parse_config(GOOD).tail)
     assert (defaults.pin_ahead_s, defaults.chunk_files_timeout_s) == (10.0, 300.0)
 
