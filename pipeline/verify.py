@@ -1,4 +1,5 @@
-"""Compare a table's Delta mirror with the source, row for row, inside Spark."""
+"""Compare a table's Delta mirror (or its current state, mirror and unmerged changelog)
+with the source, row for row, inside Spark."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from pipeline.events import TableId
-from pipeline.lake.sink import META_COLUMNS, DeltaSink
-from pipeline.lake.types import quote_ident
+from pipeline.lake.current import current_state
+from pipeline.lake.sink import DeltaSink
+from pipeline.lake.types import META_COLUMNS, quote_ident
 from pipeline.sources.base import ChunkSpec, SourceDialect
 
 FULL_TABLE = 10**15
@@ -17,7 +19,8 @@ FULL_TABLE = 10**15
 
 @dataclass
 class VerifyReport:
-    """The outcome of one table's comparison; ``ok`` when mirror == source."""
+    """The outcome of one table's comparison; ``ok`` when mirror == source (``lake``:
+    what was compared, the mirror or the ``current state``)."""
 
     table: TableId
     source_rows: int
@@ -26,6 +29,7 @@ class VerifyReport:
     extra_keys: list[tuple[Any, ...]] = field(default_factory=list)
     different_keys: list[tuple[Any, ...]] = field(default_factory=list)
     differing: int = 0
+    lake: str = "mirror"
 
     @property
     def ok(self) -> bool:
@@ -34,8 +38,9 @@ class VerifyReport:
     def summary(self) -> str:
         if self.ok:
             return f"{self.table}: OK ({self.source_rows} rows)"
-        parts = [f"{self.table}: MISMATCH source={self.source_rows} mirror={self.mirror_rows}"]
-        for name, keys in (("missing in mirror", self.missing_keys),
+        parts = [f"{self.table}: MISMATCH source={self.source_rows} "
+                 f"{self.lake.replace(' ', '_')}={self.mirror_rows}"]
+        for name, keys in ((f"missing in {self.lake}", self.missing_keys),
                            ("not in source", self.extra_keys),
                            ("different values", self.different_keys)):
             if keys:
@@ -45,15 +50,18 @@ class VerifyReport:
 
 
 def verify_table(dialect: SourceDialect, sink: DeltaSink, table: TableId,
-                 sample: int = 50) -> VerifyReport:
-    """Compare mirror and source on the source's current columns; list differing keys."""
+                 sample: int = 50, *, current: bool = False) -> VerifyReport:
+    """Compare mirror and source on the source's current columns; list differing keys.
+    ``current``: compare the table's current state instead (the mirror with the changelog
+    rows it has not merged yet applied, :func:`current_state`)."""
     spark = sink.spark
     schema = dialect.table_schema(table)
     source = dialect.read_chunk(spark, ChunkSpec(table, FULL_TABLE), schema).localCheckpoint()
     cols = [quote_ident(c) for c in schema.names]
     keys = [quote_ident(k) for k in schema.key]
     if sink.known_columns(table):
-        mirror = spark.read.format("delta").load(sink.layout.mirror(table))
+        mirror = (current_state(spark, sink.layout, table, sink.key_columns(table)) if current
+                  else spark.read.format("delta").load(sink.layout.mirror(table)))
         present = set(mirror.columns)
         mirror = mirror.select(*[
             (F.col(quote_ident(c.name)) if c.name in present else F.lit(None))
@@ -66,7 +74,8 @@ def verify_table(dialect: SourceDialect, sink: DeltaSink, table: TableId,
     mirror_only = mirror.select(*cols).exceptAll(source.select(*cols))
     src_keys = {tuple(r) for r in source_only.select(*keys).limit(10 * sample).collect()}
     mir_keys = {tuple(r) for r in mirror_only.select(*keys).limit(10 * sample).collect()}
-    report = VerifyReport(table, source.count(), mirror.count())
+    report = VerifyReport(table, source.count(), mirror.count(),
+                          lake="current state" if current else "mirror")
     report.different_keys = sorted(src_keys & mir_keys, key=repr)[:sample]
     report.missing_keys = sorted(src_keys - mir_keys, key=repr)[:sample]
     report.extra_keys = sorted(mir_keys - src_keys, key=repr)[:sample]

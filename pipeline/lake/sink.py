@@ -49,10 +49,15 @@ from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.handoff import ChunkFiles
 from pipeline.lake.chunks import keys_frame
+from pipeline.lake.current import change_key, mirror_mark
 from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe, kept_active_session
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
     ATTEMPT_COLUMN,
+    LSN_FLOOR,
+    META_COLUMNS,
+    MIRROR_LSN,
+    TRUNCATE_OP,
     WINDOW_COLUMN,
     coerce,
     column_of,
@@ -67,7 +72,6 @@ from pipeline.window import ChunkEmission
 
 log = logging.getLogger(__name__)
 
-META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
 RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
 """The lake's own columns beside a table's columns: the mirror's position, a chunk row's window.
 A source column may not take one of these names (in any case: Spark compares names without
@@ -116,11 +120,6 @@ CHANGELOG_STATS = {
 has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
 _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 _FENCE_PREFIX = "dblog_fence_"
-MIRROR_LSN = "dblog.mirror_lsn"
-"""Commit metadata of a mirror MERGE: every changelog row with ``_dblog_lsn`` at or below
-this is in the mirror (a MERGE of the code before deferred merges recorded
-``dblog.to_lsn``, the batch it merged, which means the same)."""
-_LSN_FLOOR = -(2**63)
 
 
 def table_properties(column_names: Sequence[str]) -> dict[str, str]:
@@ -263,8 +262,8 @@ def _survey(changes: DataFrame, first: str) -> _Survey:
     grouping folded in Python by ~1 s in a tail's last MERGE.)"""
     summary = changes.agg(
         F.count(F.lit(1)).alias("rows"),
-        F.min(_key_value(first)).alias("low"),
-        F.max(_key_value(first)).alias("high"),
+        F.min(change_key(first)).alias("low"),
+        F.max(change_key(first)).alias("high"),
         F.max("_dblog_lsn").alias("top"),
         F.max(F.when(F.col("op") == TRUNCATE_OP,
                      F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
@@ -358,9 +357,6 @@ def mirror_schema(columns: Sequence[Column]) -> T.StructType:
     return T.StructType(fields)
 
 
-TRUNCATE_OP = "t"
-"""Changelog ``op`` of a TRUNCATE / DROP: every row of the table before this position is
-gone (``before``/``after`` null, ``_dblog_lsn``/``_dblog_seq`` = the statement's position)."""
 
 
 def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
@@ -410,13 +406,6 @@ def _maybe_in(key_range: KeyRange, key: Key) -> bool:
         return key_range.contains(key)
     except (TypeError, ValueError):
         return True
-
-
-def _key_value(k: str) -> SparkColumn:
-    """A changelog row's value of key column ``k`` (from ``before`` for a delete)."""
-    return F.when(F.col("op") == "d", F.col("before").getField(k)).otherwise(
-        F.col("after").getField(k)
-    ).alias(k)
 
 
 def _newer(s: str, t: str) -> str:
@@ -817,7 +806,7 @@ class DeltaSink:
         # Read before the mirror: a merge running meanwhile can only make this set larger
         # than needed.
         unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
-                    .select(*[_key_value(k) for k in key]).where(in_range))
+                    .select(*[change_key(k) for k in key]).where(in_range))
         in_mirror = self.spark.read.format("delta").load(self.layout.mirror(table)) \
             .where(in_range)
         chunk_keys = files_dataframe(self.spark, self.layout.changelog(table), files.actions) \
@@ -1032,33 +1021,11 @@ class DeltaSink:
         return self._mirror_lsn[table]
 
     def _recorded_mirror_lsn(self, table: TableId) -> int:
-        """The mark of the mirror's latest merge (a MERGE, or an append of new chunks' rows
-        that merged everything); the floor when it has none (a new table, or one whose every
-        merge was lost: then every changelog row is merged again, which the MERGE's position
-        guard makes harmless)."""
-        from delta.tables import DeltaTable
-
+        """The mark of the mirror's latest merge (:func:`mirror_mark`)."""
         path = self.layout.mirror(table)
         if not self._exists(path):
-            return _LSN_FLOOR
-        history = (DeltaTable.forPath(self._mirror_spark, path).history()
-                   .where(F.col("operation").isin("MERGE", "WRITE"))
-                   .select("version", "operation", "userMetadata")
-                   .orderBy(F.desc("version")))
-        for row in history.toLocalIterator():
-            try:
-                found = json.loads(row["userMetadata"] or "{}")
-            except ValueError:
-                continue
-            if not isinstance(found, dict):
-                continue
-            # A MERGE of the code before deferred merges recorded only dblog.to_lsn; an
-            # append of new chunks' rows carries the mark when it merged everything.
-            mark = found.get(MIRROR_LSN, found.get("dblog.to_lsn")) \
-                if row["operation"] == "MERGE" else found.get(MIRROR_LSN)
-            if isinstance(mark, int):
-                return mark
-        return _LSN_FLOOR
+            return LSN_FLOOR
+        return mirror_mark(self._mirror_spark, path)
 
     def _unmerged(self, table: TableId, through_lsn: int | None = None,
                   spark: SparkSession | None = None) -> DataFrame:
@@ -1226,7 +1193,7 @@ class DeltaSink:
         nothing (see :meth:`_append_new_chunk_rows`)."""
         if not others_count and crowded_keys is None:
             return taken_rows, others
-        blocking = others.select(*[_key_value(k).alias(f"_held_{i}") for i, k in enumerate(key)])
+        blocking = others.select(*[change_key(k).alias(f"_held_{i}") for i, k in enumerate(key)])
         blocking_count = others_count
         if crowded_keys is not None:
             blocking = blocking.unionByName(crowded_keys[0])
@@ -1391,7 +1358,7 @@ class DeltaSink:
             )
 
         flat = changes.select(
-            *[_key_value(k) for k in key],
+            *[change_key(k) for k in key],
             F.col("op"),
             *[F.col("after").getField(c.name).alias(c.name) for c in columns if c.name not in key],
             F.col("_dblog_lsn"),

@@ -54,6 +54,17 @@ WINDOW_COLUMN = "_dblog_window_id"
 """Changelog column: the capture window of a chunk row (null for log events)."""
 ATTEMPT_COLUMN = "_dblog_attempt"
 """Changelog column: the write attempt that appended the row (see ``WriteAttempt``)."""
+META_COLUMNS = ("_dblog_lsn", "_dblog_seq")
+"""The position columns of the changelog and the mirror (a mirror row's is its last change's)."""
+TRUNCATE_OP = "t"
+"""Changelog ``op`` of a TRUNCATE / DROP: every row of the table before this position is
+gone (``before``/``after`` null, ``_dblog_lsn``/``_dblog_seq`` = the statement's position)."""
+MIRROR_LSN = "dblog.mirror_lsn"
+"""Commit metadata of a mirror MERGE: every changelog row with ``_dblog_lsn`` at or below
+this is in the mirror (a MERGE of the code before deferred merges recorded
+``dblog.to_lsn``, the batch it merged, which means the same)."""
+LSN_FLOOR = -(2**63)
+"""Below every position: the mark of a mirror no merge has covered."""
 
 
 def same_shape(a: T.DataType, b: T.DataType) -> bool:

@@ -18,7 +18,8 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.events import TableId
-from pipeline.lake.sink import MIRROR_LSN, DeltaSink
+from pipeline.lake.sink import DeltaSink
+from pipeline.lake.types import MIRROR_LSN
 from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict
 from pipeline.services import Endpoints

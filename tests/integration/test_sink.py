@@ -19,8 +19,8 @@ from pipeline.events import ChangeEvent, Op, Position, TableId
 from pipeline.handoff import ChunkFiles, ChunkPin
 from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.sink import ATTEMPT_COLUMN, MIRROR_LSN, DeltaSink, TableBatch, WriteAttempt
-from pipeline.lake.types import quote_ident
+from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
+from pipeline.lake.types import ATTEMPT_COLUMN, MIRROR_LSN, quote_ident
 from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
 
