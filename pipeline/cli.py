@@ -57,6 +57,9 @@ def _tail(args: argparse.Namespace) -> int:
     from pipeline.outage import unreachable
     from pipeline.runtime import open_runtime
 
+    if args.no_final_merge and not args.until_caught_up:
+        raise DblogError("--no-final-merge goes with --until-caught-up (a continuous tail "
+                         "merges the mirrors every tail.mirror_every_s)")
     config = _config(args)
     stop = _stop_on_signals()
     with open_runtime(config) as rt:
@@ -87,6 +90,7 @@ def _tail(args: argparse.Namespace) -> int:
             began = time.monotonic()
             try:
                 summary = tailer.run(stop=stop, until_caught_up=args.until_caught_up,
+                                     merge_at_end=not args.no_final_merge,
                                      reset_to_head=args.from_head, lock_timeout=wait,
                                      on_standby=standing_by)
                 break
@@ -204,7 +208,7 @@ def _verify(args: argparse.Namespace) -> int:
     config = _config(args)
     tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
     with open_runtime(config) as rt:
-        reports = [verify_table(rt.dialect, rt.sink, t) for t in tables]
+        reports = [verify_table(rt.dialect, rt.sink, t, current=args.current) for t in tables]
     for r in reports:
         print(r.summary())
     bad = [r for r in reports if not r.ok]
@@ -252,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     tail = sub.add_parser("tail", help="tail the source log into Delta (the one ordered writer)")
     tail.add_argument("--until-caught-up", action="store_true",
                       help="stop once the log has no more events")
+    tail.add_argument("--no-final-merge", action="store_true",
+                      help="with --until-caught-up: stop as soon as the changelog holds the "
+                           "log, without merging the mirrors first (the next tail merges "
+                           "them; `dblog verify --current` and current_state() read the "
+                           "current state meanwhile)")
     tail.add_argument("--from-head", action="store_true",
                       help="forget the stored position and start at the head of the log "
                            "(after the log was purged; then run a capture)")
@@ -280,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="compare mirror with the source (exit 1 on mismatch)")
     ver.add_argument("tables", nargs="*", metavar="TABLE")
+    ver.add_argument("--current", action="store_true",
+                     help="compare the current state (the mirror with the changelog rows "
+                          "it has not merged yet applied) instead of the mirror")
     ver.set_defaults(func=_verify)
 
     mnt = sub.add_parser("maintain", help="compact the changelog and mirror files (takes the "

@@ -132,22 +132,27 @@ class Runtime:
         self._wait_until(lambda: self.state.get_position() is not None, check, timeout,
                          "the tailer did not start")
 
-    def wait_caught_up(self, check: Callable[[], None], timeout: float = 240) -> None:
-        """Wait until the committed position reaches the source's head as of now."""
+    def wait_caught_up(self, check: Callable[[], None], timeout: float = 240, *,
+                       mirrors: bool = True) -> None:
+        """Wait until the committed position reaches the source's head as of now (and the
+        mirrors are merged that far, unless ``mirrors`` is False)."""
         self.wait_for_position(self.dialect.head_position(), check, timeout,
-                               "the tailer did not catch up with the log")
+                               "the tailer did not catch up with the log", mirrors=mirrors)
 
     def wait_for_position(self, native: Mapping[str, Any], check: Callable[[], None],
-                          timeout: float, failure: str) -> None:
+                          timeout: float, failure: str, *, mirrors: bool = True) -> None:
         """Wait until the tailer committed at or past ``native`` (a source log position)
-        and merged the mirrors that far."""
+        and, unless ``mirrors`` is False, merged the mirrors that far."""
         target = self.dialect.to_position(native)
 
         def reached() -> bool:
             pos, mirror = self.state.get_position(), self.state.get(MIRROR_DOC)
-            return (pos is not None and mirror is not None
+            return (pos is not None
                     and self.dialect.to_position(pos.value.source_position) >= target
-                    and self.dialect.to_position(mirror.value["source_position"]) >= target)
+                    and (not mirrors or (
+                        mirror is not None
+                        and self.dialect.to_position(mirror.value["source_position"])
+                        >= target)))
 
         self._wait_until(reached, check, timeout, failure)
 

@@ -266,6 +266,8 @@ class Tailer:
         self._mirror_doc_lsn: int | None = None
         """The position the ``mirror`` document in ZooKeeper last recorded."""
         self._merger: MirrorMerger | None = None
+        self._merge_at_end = True
+        """Whether a run ends by merging every mirror (``run(merge_at_end=...)``)."""
         self._stop = threading.Event()
 
     # ---- public -----------------------------------------------------------------------
@@ -275,6 +277,7 @@ class Tailer:
         *,
         stop: threading.Event | None = None,
         until_caught_up: bool = False,
+        merge_at_end: bool = True,
         max_batches: int | None = None,
         lock_timeout: float | None = 5.0,
         reset_to_head: bool = False,
@@ -288,11 +291,17 @@ class Tailer:
 
         ``reset_to_head``: first forget the stored position and start at the head of the log
         (after a purged log; a capture then restores the full state).
+
+        A run that ends leaves every mirror merged, unless ``merge_at_end`` is False: then it
+        ends as soon as its last batch is in the changelog (a merge running then is
+        finished, none is started), the mirrors keep the mark of their last merge, and
+        :func:`pipeline.lake.current.current_state` reads the current state meanwhile.
         """
         stop = stop or threading.Event()
         with self.state.tailer_lock(self.identifier, timeout=lock_timeout, stop=stop,
                                     on_standby=on_standby):
-            return self._run_as_leader(stop, until_caught_up, max_batches, reset_to_head)
+            return self._run_as_leader(stop, until_caught_up, max_batches, reset_to_head,
+                                       merge_at_end)
 
     def run_locked(self, *, stop: threading.Event) -> TailSummary:
         """Tail until ``stop`` while the caller holds ``state.tailer_lock`` (a supervisor
@@ -300,11 +309,13 @@ class Tailer:
         return self._run_as_leader(stop, False, None, False)
 
     def _run_as_leader(self, stop: threading.Event, until_caught_up: bool,
-                       max_batches: int | None, reset_to_head: bool) -> TailSummary:
+                       max_batches: int | None, reset_to_head: bool,
+                       merge_at_end: bool = True) -> TailSummary:
         """:meth:`_run`; ZooKeeper failing once the session was interrupted means the lock
         may be another tailer's now: that is :class:`LeadershipLost` (a standby takes over,
         and an in-process tailer stands by again), whichever call noticed it first."""
         try:
+            self._merge_at_end = merge_at_end
             return self._run(stop, until_caught_up, max_batches, reset_to_head)
         except StateUnavailable as exc:
             if self.state.session_interrupted(wait_s=2.0):
@@ -541,9 +552,13 @@ class Tailer:
     # ---- the mirror follows the changelog ----------------------------------------------
 
     def _finish(self, summary: TailSummary, committed: PositionState) -> TailSummary:
-        """A run that ends cleanly leaves every mirror merged."""
-        self._request_merge(committed)
+        """A run that ends cleanly leaves every mirror merged (unless asked not to: then a
+        merge running now finishes as the merger closes, and none starts)."""
         assert self._merger is not None
+        if not self._merge_at_end:
+            self._merger.check()
+            return summary
+        self._request_merge(committed)
         self._merger.wait()
         return summary
 

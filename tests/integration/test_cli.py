@@ -160,6 +160,13 @@ def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Pat
         source_kit.run_sql(db, "UPDATE {t} SET v = 'changed' WHERE id = 123")
         code, out, _ = run(capsys, "-c", str(cfg), "verify")
         assert code == 1 and "(123,)" in out
+        # Tailed without the mirror's last merge: the current state has the change.
+        code, out, err = run(capsys, "-c", str(cfg), "tail", "--until-caught-up",
+                             "--no-final-merge")
+        assert code == 0, out + err
+        code, out, _ = run(capsys, "-c", str(cfg), "verify", "--current")
+        assert code == 0 and "verify: OK" in out, out
+        assert run(capsys, "-c", str(cfg), "tail", "--no-final-merge")[0] == 2  # refused
         rt.tailer().run(until_caught_up=True)
         frame = check_table(spark, source_kit.ep, db, "t", ("id",), rt.layout.changelog(table),
                             expected_rows=source_kit.rows(db, "t", ("id",)))
