@@ -11,8 +11,9 @@ of existing ones) as single-row transactions (``single``) or 100-row transaction
   or written);
 * ``wal2json`` (format 2): the same loop on a wal2json slot, every message ``json.loads``-ed:
   how the other plugin dblog could use decodes the same range (the plugin choice, README);
-* dblog: ``Tailer.run(until_caught_up=True)`` from the position before the range, with the
-  product's default tail settings, into Delta.
+* dblog: ``Tailer.run(until_caught_up=True, merge_at_end=False)`` from the position before
+  the range, with the product's default tail settings, into Delta; then the mirror merged by
+  another run (:func:`bench.bench_tail.dblog_tail`).
 
 Prints row-events/s of each and the ratios, writes ``bench/results/pg-tail.json``.
 
@@ -246,12 +247,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    wal2json {w2j}", flush=True)
                     for slot in slots.values():
                         cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                    tail = dblog_tail(rt)
+                    tail = dblog_tail(rt, schema, "items")
                     print(f"    dblog    {tail}", flush=True)
                     results.append({
                         "shape": shape, "range": gen, "baseline": base, "wal2json": w2j,
                         "dblog": tail,
                         "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
+                        "merged_ratio": (tail["merged_row_events_per_s"]
+                                         / base["row_events_per_s"]),
                         "wal2json_ratio": w2j["row_events_per_s"] / base["row_events_per_s"],
                     })
             finally:
@@ -268,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(
         ["shape", "row events", "pgoutput ev/s", "wal2json ev/s", "dblog ev/s",
-         "dblog / pgoutput", "wal2json / pgoutput", "dblog s", "of which Delta s", "batches"],
+         "dblog / pgoutput", "wal2json / pgoutput", "dblog s", "of which Delta s", "batches",
+         "merge after s", "merged / pgoutput"],
         [[r["shape"], r["baseline"]["row_events"], r["baseline"]["row_events_per_s"],
           r["wal2json"]["row_events_per_s"], r["dblog"]["row_events_per_s"], r["ratio"],
           r["wal2json_ratio"], r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"],
-          r["dblog"]["batches"]] for r in results],
+          r["dblog"]["batches"], r["dblog"]["merge_after_seconds"], r["merged_ratio"]]
+         for r in results],
     )
     parameters = {"events": args.events, "prefill": args.prefill, "shapes": args.shapes,
                   "rows_per_batch_transaction": ROWS_PER_BATCH, "smoke": args.smoke,

@@ -15,10 +15,14 @@ Then, on that exact range, in one process:
   every row decoded, nothing written);
 * dblog's log reader alone (``reader alone``): the transactions and events the tailer gets,
   every row decoded and converted, nothing written;
-* dblog: ``Tailer.run(until_caught_up=True)`` (what ``dblog tail --until-caught-up`` runs) from
-  the position before the range, with the product's default tail settings, into Delta (the
-  changelog append and mirror MERGE per micro-batch, ZooKeeper commits). The tailer was
-  started and wrote one small batch before, so the Delta tables exist.
+* dblog: ``Tailer.run(until_caught_up=True, merge_at_end=False)`` (what ``dblog tail
+  --until-caught-up --no-final-merge`` runs) from the position before the range, with the
+  product's default tail settings, into Delta (the changelog appends, ZooKeeper commits, the
+  mirror merged beside them when due): at its end the lake's current state (the mirror and
+  the changelog rows it has not merged, :func:`pipeline.lake.current.current_state`) is the
+  source's, which the bench then checks (untimed); then a second run merges the mirror
+  (``dblog tail --until-caught-up``), timed on its own. The tailer was started and wrote one
+  small batch before, so the Delta tables exist.
 
 Each shape is measured twice: ``cold``, in a JVM that has written only that small batch, and
 ``warm``, after ``--warmup-seconds`` of tailing generated traffic. A new JVM spends its first
@@ -27,10 +31,9 @@ first 30 s of a run of 7k-event batches, and a batch took a third of the time tw
 later); a tailer runs for days, so ``warm`` is its speed, ``cold`` that of a fresh process
 (``dblog tail --until-caught-up`` on a short range).
 
-Prints row-events/s of each and dblog / baseline, and writes ``bench/results/tail.json``.
-dblog's time is also split where its last batch committed: ``changelog / baseline`` is the
-rate until every event was in the changelog; ``last MERGE wait`` is the rest of the run, the
-mirror's last MERGE (which a run ends with). A tailer that runs on merges every
+Prints row-events/s of each and dblog / baseline (the current state complete in the lake),
+``merged / baseline`` (the run and the merge after it: the mirror table itself complete),
+and writes ``bench/results/tail.json``. A tailer that runs on merges every
 ``tail.mirror_every_s`` beside its batches; a short range pays one MERGE at its end.
 
     .venv/bin/python -m bench.bench_tail [--events 100000] [--warmup-seconds 120] [--smoke]
@@ -207,8 +210,14 @@ def reader_alone(rt: Any, db: str, start: dict[str, Any], end: dict[str, Any]
             "row_events_per_s": rows / seconds}
 
 
-def dblog_tail(rt: Any) -> dict[str, Any]:
-    """One ``tail --until-caught-up`` from the committed position (just before the range)."""
+def dblog_tail(rt: Any, db: str, table: str = TABLE) -> dict[str, Any]:
+    """One ``tail --until-caught-up --no-final-merge`` from the committed position (just
+    before the range); then the current state of ``db.table`` checked against the source
+    (untimed), and
+    the mirror merged by a ``tail --until-caught-up`` (timed on its own)."""
+    from pipeline.events import TableId
+    from pipeline.verify import verify_table
+
     batches: list[tuple[int, float]] = []
     profile = Profile()
     for method in ("_events_df", "_commit_changelog", "_merge_mirror"):
@@ -225,19 +234,25 @@ def dblog_tail(rt: Any) -> dict[str, Any]:
     tailer = rt.tailer(on_batch=on_batch)
     began = time.perf_counter()
     try:
-        summary = tailer.run(until_caught_up=True)
+        summary = tailer.run(until_caught_up=True, merge_at_end=False)
     finally:
         profile.unwrap()
     seconds = time.perf_counter() - began
     write = sum(s for _, s in batches)
-    # Until the last batch committed, every event is in the changelog; after it the run
-    # waits for the mirror's last MERGE (a run ends with every mirror merged).
     changelog = (last_batch_at - began) if last_batch_at else seconds
+    check = verify_table(rt.dialect, rt.sink, TableId(db, table), current=True)
+    if not check.ok:
+        raise SystemExit(f"the lake's current state differs from the source: {check.summary()}")
+    merge_began = time.perf_counter()
+    rt.tailer().run(until_caught_up=True)
+    merge = time.perf_counter() - merge_began
     return {"row_events": summary.events, "batches": summary.batches,
             "seconds": round(seconds, 2), "row_events_per_s": summary.events / seconds,
             "changelog_seconds": round(changelog, 2),
             "changelog_row_events_per_s": summary.events / changelog,
-            "mirror_wait_seconds": round(seconds - changelog, 2),
+            "current_state_rows": check.mirror_rows,
+            "merge_after_seconds": round(merge, 2),
+            "merged_row_events_per_s": summary.events / (seconds + merge),
             "delta_write_seconds": round(write, 2),
             "read_decode_seconds": round(seconds - write, 2),
             "max_batch_events": max((e for e, _ in batches), default=0),
@@ -328,13 +343,15 @@ def main(argv: list[str] | None = None) -> int:
                         alone = reader_alone(rt, db, gen["start"], gen["end"])
                         print(f"    reader   {alone}", flush=True)
                         load = round(os.getloadavg()[0], 2)
-                        tail = dblog_tail(rt)
+                        tail = dblog_tail(rt, db)
                         tail["loadavg_1m_before"] = load
                         print(f"    dblog    {tail}", flush=True)
                         results.append({
                             "shape": shape, "jvm": jvm, "range": gen, "baseline": base,
                             "dblog": tail, "reader_alone": alone,
                             "ratio": tail["row_events_per_s"] / base["row_events_per_s"],
+                            "merged_ratio": (tail["merged_row_events_per_s"]
+                                             / base["row_events_per_s"]),
                             "changelog_ratio": (tail["changelog_row_events_per_s"]
                                                 / base["row_events_per_s"]),
                             "reader_ratio": (alone["row_events_per_s"]
@@ -350,12 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         ["shape", "JVM", "row events", "transactions", "baseline ev/s", "reader alone ev/s",
          "reader / baseline", "dblog ev/s", "dblog / baseline", "dblog s", "of which Delta s",
-         "batches", "changelog / baseline", "last MERGE wait s"],
+         "batches", "merge after s", "merged / baseline"],
         [[r["shape"], r["jvm"], r["baseline"]["row_events"], r["range"]["transactions"] or "?",
           r["baseline"]["row_events_per_s"], r["reader_alone"]["row_events_per_s"],
           r["reader_ratio"], r["dblog"]["row_events_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["delta_write_seconds"], r["dblog"]["batches"],
-          r["changelog_ratio"], r["dblog"]["mirror_wait_seconds"]]
+          r["dblog"]["merge_after_seconds"], r["merged_ratio"]]
          for r in results],
     )
     parameters = {

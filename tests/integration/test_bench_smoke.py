@@ -53,7 +53,8 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
             assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
-        assert row["ratio"] > 0
+        assert row["ratio"] > 0 and 0 < row["merged_ratio"] < row["ratio"]
+        assert row["dblog"]["current_state_rows"] > 0
         # the reader alone decodes exactly the range's row events, as the bare loop does
         assert row["reader_alone"]["row_events"] == row["baseline"]["row_events"]
         assert row["reader_ratio"] > 0
