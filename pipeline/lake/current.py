@@ -12,6 +12,8 @@ or a change), a delete leaves no row, and a TRUNCATE removes every older row.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -19,9 +21,17 @@ from pyspark.sql import functions as F
 from pipeline.errors import DblogError
 from pipeline.events import Op, TableId
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.types import LSN_FLOOR, META_COLUMNS, MIRROR_LSN, TRUNCATE_OP, quote_ident
+from pipeline.lake.types import (
+    LSN_FLOOR,
+    META_COLUMNS,
+    MIRROR_LSN,
+    TRUNCATE_OP,
+    name_apart,
+    quote_ident,
+)
 
-_MIRROR_ROW = "m"  # the ``op`` a mirror row takes beside the changes (never a changelog op)
+_RECENT_COMMITS = 50
+_MIRROR_ROW = "m"  # the op a mirror row takes beside the changes (never a changelog op)
 
 
 def mirror_mark(spark: SparkSession, path: str, version: int | None = None) -> int:
@@ -33,26 +43,46 @@ def mirror_mark(spark: SparkSession, path: str, version: int | None = None) -> i
     MERGE's position guard makes harmless)."""
     from delta.tables import DeltaTable
 
-    history = (DeltaTable.forPath(spark, path).history()
-               .where(F.col("operation").isin("MERGE", "WRITE"))
-               .select("version", "operation", "userMetadata")
-               .orderBy(F.desc("version")))
-    if version is not None:
-        history = history.where(F.col("version") <= F.lit(version))
-    for row in history.toLocalIterator():
+    table = DeltaTable.forPath(spark, path)
+    if version is None:
+        version = int(table.history(1).first()["version"])  # type: ignore[index]
+    # The latest merge is nearly always among the last commits: those are read first, the
+    # whole history (every commit Delta keeps, 30 days by default) only when it is not.
+    for limit in (_RECENT_COMMITS, None):
+        history = table.history(limit) if limit is not None else table.history()
+        commits = [r.asDict() for r in history.select("version", "operation", "userMetadata")
+                   .orderBy(F.desc("version")).collect()]
+        mark = mark_in_history(commits, version)
+        if mark is not None:
+            return mark
+        if limit is not None and len(commits) < limit:
+            break  # that was the whole history
+    return LSN_FLOOR
+
+
+def mark_in_history(history: Iterable[Mapping[str, Any]], version: int) -> int | None:
+    """The mark of the mirror at ``version`` from commits of its history (newest first, as
+    Delta's and delta-rs's history give them: ``version``, ``operation``, ``userMetadata``):
+    the mark of the latest merge at or before ``version``; None when none of them has one."""
+    for at, commit in enumerate(history):
+        if int(commit.get("version", version - at)) > version:
+            continue
+        operation = commit.get("operation")
+        if operation not in ("MERGE", "WRITE"):
+            continue
         try:
-            found = json.loads(row["userMetadata"] or "{}")
+            found = json.loads(commit.get("userMetadata") or "{}")
         except ValueError:
             continue
         if not isinstance(found, dict):
             continue
         # A MERGE of the code before deferred merges recorded only dblog.to_lsn; an
         # append of new chunks' rows carries the mark when it merged everything.
-        mark = found.get(MIRROR_LSN, found.get("dblog.to_lsn")) \
-            if row["operation"] == "MERGE" else found.get(MIRROR_LSN)
+        mark = (found.get(MIRROR_LSN, found.get("dblog.to_lsn")) if operation == "MERGE"
+                else found.get(MIRROR_LSN))
         if isinstance(mark, int):
             return mark
-    return LSN_FLOOR
+    return None
 
 
 def change_key(k: str) -> Column:
@@ -98,22 +128,25 @@ def current_state(spark: SparkSession, layout: LakeLayout, table: TableId,
     after_fields = changes.schema["after"].dataType.names  # type: ignore[attr-defined]
     columns += [c for c in after_fields if c not in columns]
     present = set(after_fields)
+    # A row's op and rank beside the table's columns, named apart from them.
+    op, rank = name_apart("_dblog_op", columns), name_apart("_dblog_rank", columns)
     flat = changes.select(
         *[change_key(k) for k in key],
         *[(F.col("after").getField(c) if c in present else F.lit(None)).alias(c)
           for c in columns if c not in key],
         *[F.col(m) for m in META_COLUMNS],
-        F.col("op"),
+        F.col("op").alias(op),
     )
     held = mirror.select(*[F.col(quote_ident(c)) for c in mirror.columns],
-                         F.lit(_MIRROR_ROW).alias("op"))
+                         F.lit(_MIRROR_ROW).alias(op))
     both = held.unionByName(flat, allowMissingColumns=True)
     newest = Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
         F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc())
-    return (both.withColumn("_dblog_rank", F.row_number().over(newest))
-            .where((F.col("_dblog_rank") == 1) & (F.col("op") != Op.DELETE.value))
+    return (both.withColumn(rank, F.row_number().over(newest))
+            .where((F.col(quote_ident(rank)) == 1)
+                   & (F.col(quote_ident(op)) != Op.DELETE.value))
             .select(*[F.col(quote_ident(c)) for c in columns],
                     *[F.col(m) for m in META_COLUMNS]))
 
 
-__all__ = ["change_key", "current_state", "mirror_mark"]
+__all__ = ["change_key", "current_state", "mark_in_history", "mirror_mark"]

@@ -1,6 +1,7 @@
-"""A table's current state read without Spark: delta-rs (the ``deltalake`` package) and
-pyarrow, the same rows as :func:`pipeline.lake.current.current_state` gives in Spark, for
-consumers of the lake that have no Spark (a service, a notebook, a job in another engine).
+"""A table's current state read without a Spark session: delta-rs (the ``deltalake``
+package) and pyarrow, the same rows as :func:`pipeline.lake.current.current_state` gives in
+Spark, for consumers of the lake that run no JVM (a service, a notebook, a job in another
+engine). Nothing here starts Spark; the package's imports need pyspark installed only.
 """
 
 from __future__ import annotations
@@ -14,32 +15,10 @@ import pyarrow.compute as pc
 
 from pipeline.errors import DblogError
 from pipeline.events import Op
-from pipeline.lake.types import LSN_FLOOR, META_COLUMNS, MIRROR_LSN, TRUNCATE_OP
+from pipeline.lake.current import mark_in_history
+from pipeline.lake.types import LSN_FLOOR, META_COLUMNS, TRUNCATE_OP, name_apart
 
 _MIRROR_ROW = "m"
-
-
-def mark_in_history(history: list[dict[str, Any]], version: int) -> int:
-    """The mark of the mirror at ``version`` (every changelog row at or below it is in the
-    mirror) from its commit history (delta-rs ``DeltaTable.history()``, newest first): the
-    mark of the latest merge at or before it, :data:`LSN_FLOOR` without one."""
-    for at, commit in enumerate(history):
-        if int(commit.get("version", version - at)) > version:
-            continue
-        operation = commit.get("operation")
-        if operation not in ("MERGE", "WRITE"):
-            continue
-        try:
-            found = json.loads(commit.get("userMetadata") or "{}")
-        except ValueError:
-            continue
-        if not isinstance(found, dict):
-            continue
-        mark = (found.get(MIRROR_LSN, found.get("dblog.to_lsn")) if operation == "MERGE"
-                else found.get(MIRROR_LSN))
-        if isinstance(mark, int):
-            return mark
-    return LSN_FLOOR
 
 
 def _newest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
@@ -80,6 +59,8 @@ def read_current_state(mirror_uri: str, changelog_uri: str, *,
     if not key:
         raise DblogError(f"{mirror_uri} records no key (dblog.key): not a dblog mirror")
     mark = mark_in_history(mirror_table.history(), version)
+    if mark is None:
+        mark = LSN_FLOOR
     mirror = mirror_table.to_pyarrow_table()
     changes = DeltaTable(changelog_uri, storage_options=options).to_pyarrow_table(
         filters=[("_dblog_lsn", ">", mark)])
@@ -113,12 +94,13 @@ def read_current_state(mirror_uri: str, changelog_uri: str, *,
         flat[c] = value
     for m in META_COLUMNS:
         flat[m] = changes.column(m)
-    flat["op"] = changes.column("op")
-    held = mirror.append_column("op", pa.array([_MIRROR_ROW] * mirror.num_rows, pa.string()))
+    op = name_apart("_dblog_op", columns)  # a row's op beside the table's columns
+    flat[op] = changes.column("op")
+    held = mirror.append_column(op, pa.array([_MIRROR_ROW] * mirror.num_rows, pa.string()))
     both = pa.concat_tables([held, pa.table(flat)], promote_options="permissive")
     newest = _newest_per_key(both, key)
-    kept = newest.filter(pc.not_equal(newest.column("op"), Op.DELETE.value))
+    kept = newest.filter(pc.not_equal(newest.column(op), Op.DELETE.value))
     return kept.select([*columns, *META_COLUMNS])
 
 
-__all__ = ["mark_in_history", "read_current_state"]
+__all__ = ["read_current_state"]

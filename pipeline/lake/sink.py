@@ -62,6 +62,7 @@ from pipeline.lake.types import (
     coerce,
     column_of,
     contains_type,
+    name_apart,
     needs_coercion,
     quote_ident,
     spark_type,
@@ -1357,9 +1358,12 @@ class DeltaSink:
                    & (F.col("_dblog_seq") > truncated.seq))
             )
 
+        # The change's op and its rank beside the table's columns, named apart from them.
+        names = [c.name for c in columns]
+        op, rank = name_apart("_dblog_op", names), name_apart("_dblog_rank", names)
         flat = changes.select(
             *[change_key(k) for k in key],
-            F.col("op"),
+            F.col("op").alias(op),
             *[F.col("after").getField(c.name).alias(c.name) for c in columns if c.name not in key],
             F.col("_dblog_lsn"),
             F.col("_dblog_seq"),
@@ -1367,8 +1371,8 @@ class DeltaSink:
         latest = Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
             F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc()
         )
-        last = (flat.withColumn("_rn", F.row_number().over(latest))
-                .where(F.col("_rn") == 1).drop("_rn"))
+        last = (flat.withColumn(rank, F.row_number().over(latest))
+                .where(F.col(quote_ident(rank)) == 1).drop(rank))
         on: str | SparkColumn = " AND ".join(
             f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
         if truncated is None:
@@ -1384,9 +1388,10 @@ class DeltaSink:
         merge = (
             DeltaTable.forPath(self._mirror_spark, self.layout.mirror(table)).alias("t")
             .merge(last.alias("s"), on)
-            .whenMatchedDelete(condition=f"s.op = 'd' AND {_newer('s', 't')}")
-            .whenMatchedUpdate(condition=f"s.op <> 'd' AND {_newer('s', 't')}", set=values)
-            .whenNotMatchedInsert(condition="s.op <> 'd'", values=values)
+            .whenMatchedDelete(condition=f"s.{quote_ident(op)} = 'd' AND {_newer('s', 't')}")
+            .whenMatchedUpdate(condition=f"s.{quote_ident(op)} <> 'd' AND {_newer('s', 't')}",
+                               set=values)
+            .whenNotMatchedInsert(condition=f"s.{quote_ident(op)} <> 'd'", values=values)
         )
         if truncated is not None:
             lsn, seq = int(truncated.lsn), int(truncated.seq)

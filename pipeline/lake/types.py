@@ -67,6 +67,15 @@ LSN_FLOOR = -(2**63)
 """Below every position: the mark of a mirror no merge has covered."""
 
 
+def name_apart(name: str, taken: Iterable[str]) -> str:
+    """``name``, with more leading underscores while it is one of ``taken`` (in any case):
+    the name of a column of dblog's own work beside a table's columns."""
+    lowered = {t.lower() for t in taken}
+    while name.lower() in lowered:
+        name = "_" + name
+    return name
+
+
 def same_shape(a: T.DataType, b: T.DataType) -> bool:
     """Whether two Spark types have the same fields and types, nullability aside."""
     if isinstance(a, T.StructType) and isinstance(b, T.StructType):

@@ -29,8 +29,12 @@ def test_the_current_state_holds_what_the_mirror_has_not_merged(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    # Columns named as the MERGE's and the readers' own work columns were (op, _rn) or
+    # could be (_dblog_op, _dblog_rank) are the table's like any other.
     db = make_db(services, prefix="current", ddl=[
-        "CREATE TABLE {db}.t (id INT, part CHAR(1), v VARCHAR(20), PRIMARY KEY (id, part))"])
+        "CREATE TABLE {db}.t (id INT, part CHAR(1), v VARCHAR(20), op VARCHAR(5) DEFAULT 'd', "
+        "_rn INT DEFAULT 1, _dblog_op CHAR(1) DEFAULT 'd', _dblog_rank INT DEFAULT 2, "
+        "PRIMARY KEY (id, part))"])
     table = TableId(db, "t")
     raw = config_dict(source=f"current-{uuid.uuid4().hex[:8]}", ep=services,
                       tables=[f"{db}.t"], lake=tmp_path / "lake", batch_seconds=0.3,
@@ -38,7 +42,8 @@ def test_the_current_state_holds_what_the_mirror_has_not_merged(
     raw["tail"].update(mirror_every_s=3600)  # the mirror merges only when a run ends
     with open_runtime(parse_config(raw), spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)  # a first position, at the head
-        execute(services, db, *[f"INSERT INTO t VALUES ({i}, 'a', 'v{i}')" for i in range(1, 7)])
+        execute(services, db, *[f"INSERT INTO t (id, part, v) VALUES ({i}, 'a', 'v{i}')"
+                                for i in range(1, 7)])
         rt.tailer().run(until_caught_up=True)
         assert verify_table(rt.dialect, rt.sink, table).ok
         key = rt.sink.key_columns(table)
@@ -62,16 +67,20 @@ def test_the_current_state_holds_what_the_mirror_has_not_merged(
         # Updates (one key twice), a delete, an insert then its delete, a new row and a key
         # changed by an UPDATE: per key the newest change wins, deletes leave no row.
         execute(services, db,
-                "UPDATE t SET v = 'one' WHERE id = 1", "UPDATE t SET v = 'uno' WHERE id = 1",
-                "DELETE FROM t WHERE id = 2", "INSERT INTO t VALUES (7, 'a', 'seven')",
-                "INSERT INTO t VALUES (8, 'a', 'eight')", "DELETE FROM t WHERE id = 8",
+                "UPDATE t SET v = 'one' WHERE id = 1",
+                "UPDATE t SET v = 'uno', op = 'c', _rn = 7, _dblog_op = 'u' WHERE id = 1",
+                "DELETE FROM t WHERE id = 2",
+                "INSERT INTO t (id, part, v) VALUES (7, 'a', 'seven')",
+                "INSERT INTO t (id, part, v) VALUES (8, 'a', 'eight')",
+                "DELETE FROM t WHERE id = 8",
                 "UPDATE t SET part = 'b', v = 'moved' WHERE id = 3")
         tail_without_merging()
         # More on top of the unmerged changes: a TRUNCATE, then rows after it (one with a
         # key the mirror still holds from before it).
         execute(services, db, "UPDATE t SET v = 'before truncate' WHERE id = 4",
-                "TRUNCATE TABLE t", "INSERT INTO t VALUES (4, 'a', 'after')",
-                "INSERT INTO t VALUES (9, 'a', 'nine')", "UPDATE t SET v = 'new' WHERE id = 9")
+                "TRUNCATE TABLE t", "INSERT INTO t (id, part, v) VALUES (4, 'a', 'after')",
+                "INSERT INTO t (id, part, v) VALUES (9, 'a', 'nine')",
+                "UPDATE t SET v = 'new', _dblog_rank = 0 WHERE id = 9")
         tail_without_merging()
 
         state = current_state(spark, rt.layout, table, key)
@@ -88,3 +97,4 @@ def test_the_current_state_holds_what_the_mirror_has_not_merged(
     absent = rt.layout.mirror(TableId(db, "absent"))
     with pytest.raises(DblogError, match="no mirror at"):
         read_current_state(absent, absent)
+

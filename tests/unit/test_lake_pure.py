@@ -17,7 +17,7 @@ from pipeline.lake.chunks import read_order_offsets
 from pipeline.lake.deltalog import action_rows
 from pipeline.lake.layout import LakeLayout, segment
 from pipeline.lake.sink import table_properties, widens
-from pipeline.lake.types import coerce, needs_coercion
+from pipeline.lake.types import coerce, name_apart, needs_coercion
 
 
 def test_dates_become_midnight_for_timestamp_columns() -> None:
@@ -104,3 +104,10 @@ def test_action_rows_counts_the_added_rows() -> None:
     assert action_rows([]) == 0
     with pytest.raises(ValueError, match="row count"):
         action_rows([json.dumps({"add": {"path": "p", "stats": "{}"}})])
+
+
+@given(st.lists(st.from_regex(r"_{0,4}(dblog_op|OP|x)", fullmatch=True), max_size=8))
+def test_a_work_column_is_named_apart_from_the_tables_columns(taken: list[str]) -> None:
+    name = name_apart("_dblog_op", taken)
+    assert name.lower() not in {t.lower() for t in taken}
+    assert name.endswith("_dblog_op") and set(name[: -len("_dblog_op")]) <= {"_"}
