@@ -45,8 +45,12 @@ def read_current_state(mirror_uri: str, changelog_uri: str, *,
     ``changelog_uri``: the mirror's latest version with every changelog row after that
     version's mark applied as the mirror's MERGE applies them (see
     :mod:`pipeline.lake.current`). The mirror's columns and position columns, in no order."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    try:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+    except ImportError as exc:
+        raise DblogError("read_current_state needs the deltalake package: install "
+                         "dblog-delta[readers] (pip install 'dblog-delta[readers]')") from exc
 
     options = dict(storage_options or {})
     try:
