@@ -146,13 +146,14 @@ class Runtime:
         target = self.dialect.to_position(native)
 
         def reached() -> bool:
-            pos, mirror = self.state.get_position(), self.state.get(MIRROR_DOC)
-            return (pos is not None
-                    and self.dialect.to_position(pos.value.source_position) >= target
-                    and (not mirrors or (
-                        mirror is not None
-                        and self.dialect.to_position(mirror.value["source_position"])
-                        >= target)))
+            pos = self.state.get_position()
+            if pos is None or self.dialect.to_position(pos.value.source_position) < target:
+                return False
+            if not mirrors:
+                return True
+            mirror = self.state.get(MIRROR_DOC)
+            return (mirror is not None
+                    and self.dialect.to_position(mirror.value["source_position"]) >= target)
 
         self._wait_until(reached, check, timeout, failure)
 

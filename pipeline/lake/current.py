@@ -12,11 +12,12 @@ or a change), a delete leaves no row, and a TRUNCATE removes every older row.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.window import WindowSpec
 
 from pipeline.errors import DblogError
 from pipeline.events import Op, TableId
@@ -31,7 +32,8 @@ from pipeline.lake.types import (
 )
 
 _RECENT_COMMITS = 50
-_MIRROR_ROW = "m"  # the op a mirror row takes beside the changes (never a changelog op)
+MIRROR_ROW = "m"
+"""The op a mirror row takes beside the changes in the readers (never a changelog op)."""
 
 
 def mirror_mark(spark: SparkSession, path: str, version: int | None = None) -> int:
@@ -44,8 +46,6 @@ def mirror_mark(spark: SparkSession, path: str, version: int | None = None) -> i
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, path)
-    if version is None:
-        version = int(table.history(1).first()["version"])  # type: ignore[index]
     # The latest merge is nearly always among the last commits: those are read first, the
     # whole history (every commit Delta keeps, 30 days by default) only when it is not.
     for limit in (_RECENT_COMMITS, None):
@@ -60,12 +60,14 @@ def mirror_mark(spark: SparkSession, path: str, version: int | None = None) -> i
     return LSN_FLOOR
 
 
-def mark_in_history(history: Iterable[Mapping[str, Any]], version: int) -> int | None:
-    """The mark of the mirror at ``version`` from commits of its history (newest first, as
-    Delta's and delta-rs's history give them: ``version``, ``operation``, ``userMetadata``):
-    the mark of the latest merge at or before ``version``; None when none of them has one."""
+def mark_in_history(history: Iterable[Mapping[str, Any]], version: int | None
+                    ) -> int | None:
+    """The mark of the mirror at ``version`` (None: its latest) from commits of its history
+    (newest first, as Delta's and delta-rs's history give them: ``version``, ``operation``,
+    ``userMetadata``): the mark of the latest merge at or before ``version``; None when
+    none of them has one."""
     for at, commit in enumerate(history):
-        if int(commit.get("version", version - at)) > version:
+        if version is not None and int(commit.get("version", version - at)) > version:
             continue
         operation = commit.get("operation")
         if operation not in ("MERGE", "WRITE"):
@@ -83,6 +85,18 @@ def mark_in_history(history: Iterable[Mapping[str, Any]], version: int) -> int |
         if isinstance(mark, int):
             return mark
     return None
+
+
+def after_position(lsn: int, seq: int) -> Column:
+    """Rows positioned after ``(lsn, seq)`` (by ``_dblog_lsn``, then ``_dblog_seq``)."""
+    return ((F.col("_dblog_lsn") > F.lit(lsn))
+            | ((F.col("_dblog_lsn") == F.lit(lsn)) & (F.col("_dblog_seq") > F.lit(seq))))
+
+
+def newest_first(key: Sequence[str]) -> WindowSpec:
+    """Rows of each key (columns ``key``), the newest by position first."""
+    return Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
+        F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc())
 
 
 def change_key(k: str) -> Column:
@@ -118,10 +132,7 @@ def current_state(spark: SparkSession, layout: LakeLayout, table: TableId,
     last_truncate = None if truncated is None else truncated["t"]
     changes = changes.where(F.col("op") != TRUNCATE_OP)
     if last_truncate is not None:
-        lsn, seq = int(last_truncate[0]), int(last_truncate[1])
-        after_truncate = ((F.col("_dblog_lsn") > F.lit(lsn))
-                          | ((F.col("_dblog_lsn") == F.lit(lsn))
-                             & (F.col("_dblog_seq") > F.lit(seq))))
+        after_truncate = after_position(int(last_truncate[0]), int(last_truncate[1]))
         changes = changes.where(after_truncate)
         mirror = mirror.where(after_truncate)
     columns = [c for c in mirror.columns if c not in META_COLUMNS]
@@ -138,15 +149,14 @@ def current_state(spark: SparkSession, layout: LakeLayout, table: TableId,
         F.col("op").alias(op),
     )
     held = mirror.select(*[F.col(quote_ident(c)) for c in mirror.columns],
-                         F.lit(_MIRROR_ROW).alias(op))
+                         F.lit(MIRROR_ROW).alias(op))
     both = held.unionByName(flat, allowMissingColumns=True)
-    newest = Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
-        F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc())
-    return (both.withColumn(rank, F.row_number().over(newest))
+    return (both.withColumn(rank, F.row_number().over(newest_first(key)))
             .where((F.col(quote_ident(rank)) == 1)
                    & (F.col(quote_ident(op)) != Op.DELETE.value))
             .select(*[F.col(quote_ident(c)) for c in columns],
                     *[F.col(m) for m in META_COLUMNS]))
 
 
-__all__ = ["change_key", "current_state", "mark_in_history", "mirror_mark"]
+__all__ = ["MIRROR_ROW", "after_position", "change_key", "current_state", "mark_in_history",
+           "mirror_mark", "newest_first"]

@@ -15,10 +15,8 @@ import pyarrow.compute as pc
 
 from pipeline.errors import DblogError
 from pipeline.events import Op
-from pipeline.lake.current import mark_in_history
+from pipeline.lake.current import MIRROR_ROW, mark_in_history
 from pipeline.lake.types import LSN_FLOOR, META_COLUMNS, TRUNCATE_OP, name_apart
-
-_MIRROR_ROW = "m"
 
 
 def _newest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
@@ -68,8 +66,7 @@ def read_current_state(mirror_uri: str, changelog_uri: str, *,
     mirror = mirror_table.to_pyarrow_table()
     changes = DeltaTable(changelog_uri, storage_options=options).to_pyarrow_table(
         filters=[("_dblog_lsn", ">", mark)])
-    op = changes.column("op")
-    truncates = changes.filter(pc.equal(op, TRUNCATE_OP))
+    truncates = changes.filter(pc.equal(changes.column("op"), TRUNCATE_OP))
     if truncates.num_rows:
         newest = max(zip(truncates.column("_dblog_lsn").to_pylist(),
                          truncates.column("_dblog_seq").to_pylist(), strict=True))
@@ -100,7 +97,7 @@ def read_current_state(mirror_uri: str, changelog_uri: str, *,
         flat[m] = changes.column(m)
     op = name_apart("_dblog_op", columns)  # a row's op beside the table's columns
     flat[op] = changes.column("op")
-    held = mirror.append_column(op, pa.array([_MIRROR_ROW] * mirror.num_rows, pa.string()))
+    held = mirror.append_column(op, pa.array([MIRROR_ROW] * mirror.num_rows, pa.string()))
     both = pa.concat_tables([held, pa.table(flat)], promote_options="permissive")
     newest = _newest_per_key(both, key)
     kept = newest.filter(pc.not_equal(newest.column(op), Op.DELETE.value))

@@ -49,7 +49,7 @@ from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Key, Op, Position, TableId
 from pipeline.handoff import ChunkFiles
 from pipeline.lake.chunks import keys_frame
-from pipeline.lake.current import change_key, mirror_mark
+from pipeline.lake.current import after_position, change_key, mirror_mark, newest_first
 from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe, kept_active_session
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.types import (
@@ -356,8 +356,6 @@ def mirror_schema(columns: Sequence[Column]) -> T.StructType:
     fields = list(struct_of(columns).fields)
     fields += [T.StructField(c, T.LongType(), False) for c in META_COLUMNS]
     return T.StructType(fields)
-
-
 
 
 def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
@@ -1352,11 +1350,7 @@ class DeltaSink:
 
         changes = changes.where(F.col("op") != TRUNCATE_OP)
         if truncated is not None:
-            changes = changes.where(
-                (F.col("_dblog_lsn") > truncated.lsn)
-                | ((F.col("_dblog_lsn") == truncated.lsn)
-                   & (F.col("_dblog_seq") > truncated.seq))
-            )
+            changes = changes.where(after_position(truncated.lsn, truncated.seq))
 
         # The change's op and its rank beside the table's columns, named apart from them.
         names = [c.name for c in columns]
@@ -1368,10 +1362,7 @@ class DeltaSink:
             F.col("_dblog_lsn"),
             F.col("_dblog_seq"),
         )
-        latest = Window.partitionBy(*[F.col(quote_ident(k)) for k in key]).orderBy(
-            F.col("_dblog_lsn").desc(), F.col("_dblog_seq").desc()
-        )
-        last = (flat.withColumn(rank, F.row_number().over(latest))
+        last = (flat.withColumn(rank, F.row_number().over(newest_first(key)))
                 .where(F.col(quote_ident(rank)) == 1).drop(rank))
         on: str | SparkColumn = " AND ".join(
             f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
