@@ -132,7 +132,7 @@ def test_max_key_sql_reads_the_greatest_key_above_the_lower_bound() -> None:
                      key=("a", "e"))
     sql = max_key_sql(schema, None)
     assert sql == (
-        "SELECT CAST(`a` AS SIGNED) AS `a`, CAST(`e` AS CHAR) AS `e` FROM `d`.`t` "
+        "SELECT `a` AS `a`, CAST(`e` AS CHAR) AS `e` FROM `d`.`t` "
         "ORDER BY `d`.`t`.`a` DESC, CONCAT(`d`.`t`.`e`) DESC LIMIT 1"
     )
     above = max_key_sql(schema, (5, "x"))

@@ -247,7 +247,7 @@ def test_chunk_sql_shape() -> None:
                        key=("a", "b`"))
     sql = build_chunk_sql(ChunkSpec(table, 50, after_key=(1, "x'"), upper_key=(9, "z")), schema)
     assert sql.startswith(
-        "SELECT CAST(`a` AS SIGNED) AS `a`, CAST(`b``` AS CHAR) AS `b```, "
+        "SELECT `a` AS `a`, `b``` AS `b```, "
         "CONCAT(DATE_FORMAT(`ts`, '%Y-%m-%d %H:%i:%s.%f'), 'Z') AS `ts`, "
         "CAST(`x` AS SIGNED) AS `x` FROM `d``b`.`t 1` WHERE ")
     assert sql.endswith(" ORDER BY `d``b`.`t 1`.`a`, `d``b`.`t 1`.`b``` LIMIT 50")

@@ -55,6 +55,8 @@ INT_TYPES: dict[str, tuple[str, str]] = {
 TEXT_TYPES = frozenset(
     {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set", "json"}
 )
+BARE_TEXT_TYPES = frozenset({"varchar", "tinytext", "text", "mediumtext", "longtext"})
+"""Text types Spark's JDBC reader gives as plain strings, so a chunk selects them bare."""
 BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 TEMPORAL_TYPES = frozenset({"date", "datetime", "timestamp"})
 OTHER_TYPES = frozenset({"decimal", "float", "double", "time", "year", "bit"}) | TEMPORAL_TYPES
@@ -126,9 +128,11 @@ class SourceType:
         select's work beyond the bare columns.
         """
         b = self.base
-        if b == "bigint" and self.unsigned:
-            return f"CAST({quoted} AS DECIMAL(20,0))"
-        if b in INT_TYPES or b in ("year", "bit"):
+        if b in INT_TYPES or b in BARE_TEXT_TYPES:
+            # Bare: Spark's JDBC reader gives integers (BIGINT UNSIGNED as DECIMAL(20,0)) and
+            # strings as they are, and each CAST cost the server ~0.05-0.2 CPU-s per 1M rows.
+            return quoted
+        if b in ("year", "bit"):
             return f"CAST({quoted} AS SIGNED)"
         if b == "decimal":
             return f"CAST({quoted} AS CHAR)" if self.spark_type == "STRING" else quoted
@@ -145,7 +149,8 @@ class SourceType:
         if b == "timestamp":
             return f"CONCAT(DATE_FORMAT({quoted}, '%Y-%m-%d %H:%i:%s.%f'), 'Z')"
         if b == "time" or b in TEXT_TYPES:
-            # CAST AS CHAR: plain CHAR/ENUM/SET would be space-padded by Spark's CHAR(n) reads.
+            # CAST AS CHAR: plain CHAR/ENUM/SET would be space-padded by Spark's CHAR(n) reads;
+            # JSON is kept as the server renders it.
             return f"CAST({quoted} AS CHAR)"
         return quoted
 
