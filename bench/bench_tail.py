@@ -36,7 +36,8 @@ Prints row-events/s of each and dblog / baseline (the current state complete in 
 and writes ``bench/results/tail.json``. A tailer that runs on merges every
 ``tail.mirror_every_s`` beside its batches; a short range pays one MERGE at its end.
 
-    .venv/bin/python -m bench.bench_tail [--events 100000] [--warmup-seconds 120] [--smoke]
+    .venv/bin/python -m bench.bench_tail [--events 100000] [--warmup-seconds 120] [--no-warm]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -287,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/tail[-smoke].json)")
     parser.add_argument("--keep", action="store_true", help="keep the database and lake")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="skip the warm measurements (they repeat the cold ones' code)")
     parser.add_argument("--warmup-seconds", type=float, default=120.0,
                         help="tail generated traffic this long between the cold and the warm "
                              "measurements")
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 fill(ep, db, 10, first=next_id)
                 next_id += 10
                 rt.tailer().run(until_caught_up=True)
-                for jvm in ("cold", "warm"):
+                for jvm in ("cold",) if args.no_warm else ("cold", "warm"):
                     if jvm == "warm":
                         next_id = warm_up(rt, ep, db, args.warmup_seconds, next_id,
                                           args.prefill, min(20_000, args.events))
@@ -378,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parameters = {
         "events": args.events, "prefill": args.prefill, "shapes": args.shapes,
         "rows_per_batch_transaction": ROWS_PER_BATCH, "smoke": args.smoke,
+        "warm": not args.no_warm,
         "warmup_seconds": args.warmup_seconds,
         "tail": {"batch_max_events": config.tail.batch_max_events,
                  "batch_max_seconds": config.tail.batch_max_seconds,

@@ -46,10 +46,11 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
     from bench import bench_tail
 
     out = tmp_path / "tail.json"
-    assert bench_tail.main(["--smoke", "--output", str(out)]) == 0
+    # The warm measurements repeat the cold ones' code in the same JVM: left to `make bench`.
+    assert bench_tail.main(["--smoke", "--no-warm", "--output", str(out)]) == 0
     doc = smoke_result(out, "tail")
     assert [(r["shape"], r["jvm"]) for r in doc["results"]] == [
-        ("single", "cold"), ("batch100", "cold"), ("single", "warm"), ("batch100", "warm")]
+        ("single", "cold"), ("batch100", "cold")]
     for row in doc["results"]:
         for side in ("baseline", "dblog"):
             assert row[side]["row_events"] > 0 and row[side]["row_events_per_s"] > 0
