@@ -61,6 +61,20 @@ def test_tail_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Pa
         assert row["reader_ratio"] > 0
 
 
+def test_current_state_bench_smoke(services: Endpoints, spark: SparkSession,
+                                   tmp_path: Path) -> None:
+    from bench import bench_current
+
+    out = tmp_path / "current.json"
+    assert bench_current.main(["--smoke", "--output", str(out)]) == 0
+    doc = smoke_result(out, "current")
+    results = doc["results"]
+    assert results["unmerged_changelog_rows"] > 0  # the changes are read from the changelog
+    assert results["current state"]["rows"] > 0 and results["current_over_mirror"] > 0
+    # the mirror lacks the changes (inserts among them): the two reads differ
+    assert results["current state"]["rows"] != results["mirror"]["rows"]
+
+
 def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
     from bench import bench_repair
 
