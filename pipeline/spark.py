@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError
+from pipeline.jvm_archive import archive_options
 from pipeline.paths import dblog_home, jars_dir
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ def spark_conf(
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.warehouse.dir": str(warehouse),
         JAVA_OPTIONS: " ".join(
-            [f"-Dderby.system.home={dblog_home() / 'derby'}", *C2_THRESHOLDS]),
+            [f"-Dderby.system.home={dblog_home() / 'derby'}", *C2_THRESHOLDS,
+             *archive_options()]),
         # Micro-batches are small: a few tasks beat Spark's 200 shuffle partitions and Delta's
         # 50 snapshot partitions by far (bench/bench_sink.py measures it).
         "spark.sql.shuffle.partitions": os.environ.get("DBLOG_SHUFFLE_PARTITIONS", "2"),

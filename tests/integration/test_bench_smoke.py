@@ -75,6 +75,20 @@ def test_current_state_bench_smoke(services: Endpoints, spark: SparkSession,
     assert results["current state"]["rows"] != results["mirror"]["rows"]
 
 
+def test_startup_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
+    from bench import bench_startup
+
+    out = tmp_path / "startup.json"
+    # Each child reports whether its JVM mapped the archive; the bench exits if that is not
+    # what the child was started with.
+    assert bench_startup.main(["--smoke", "--output", str(out)]) == 0
+    doc = smoke_result(out, "startup")
+    for side in ("with the archive", "without the archive"):
+        assert doc["results"][side]["total_s"] > 0
+    assert [r["archive_mapped"] for r in doc["results"]["with the archive"]["runs"]] == [True]
+    assert doc["archive_bytes"] > 0
+
+
 def test_repair_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
     from bench import bench_repair
 
