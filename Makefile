@@ -53,6 +53,7 @@ bench: services-up  ## capture and tail benchmarks against plain baselines (benc
 	@$(PY) -m bench.bench_select
 	@$(PY) -m bench.bench_tail
 	@$(PY) -m bench.bench_current
+	@$(PY) -m bench.bench_startup
 	@$(PY) -m bench.bench_latency
 	@$(PY) -m bench.bench_impact
 	@$(PY) -m bench.bench_repair
