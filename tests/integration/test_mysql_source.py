@@ -61,6 +61,16 @@ def changes(txns: list[Transaction]) -> list[ChangeEvent]:
 # -- validation ----------------------------------------------------------------------------
 
 
+def logged_changes(dialect: MySqlDialect, start: Any, table: TableId, transactions: int
+                   ) -> list[ChangeEvent]:
+    """The row changes of ``table`` in the first ``transactions`` transactions from ``start``."""
+    reader = dialect.open_log(start, [table])
+    try:
+        return changes(read_until(reader, transactions))
+    finally:
+        reader.close()
+
+
 def test_validate_passes_on_the_local_server(dialect: MySqlDialect) -> None:
     dialect.validate()
 
@@ -255,13 +265,8 @@ def test_log_rows_and_chunk_rows_agree(
     create_all_types(sql, table)
     execute(sql, f"UPDATE {quote_table(table)} SET d = -0.5, st = 'y' WHERE id = 2")
     schema = dialect.table_schema(table)
-    reader = dialect.open_log(start, [table])
-    try:
-        txns = read_until(reader, 6)
-    finally:
-        reader.close()
     latest: dict[Any, Any] = {}
-    for event in changes(txns):
+    for event in logged_changes(dialect, start, table, 6):
         latest[event.key] = event.after
     log_rows = [latest[k] for k in sorted(latest)]
     from_log = spark.createDataFrame(
@@ -300,12 +305,7 @@ def test_columns_a_chunk_selects_bare_read_as_the_log_decodes_them(
         cur.executemany(f"INSERT INTO {quote_table(table)} VALUES "
                         "(%s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
     schema = dialect.table_schema(table)
-    reader = dialect.open_log(start, [table])
-    try:
-        txns = read_until(reader, 1)
-    finally:
-        reader.close()
-    events = changes(txns)
+    events = logged_changes(dialect, start, table, 1)
     assert len(events) == 3
     from_log = spark.createDataFrame(
         [tuple(e.after[c] for c in schema.names) for e in sorted(events, key=lambda e: e.key)],
