@@ -88,6 +88,16 @@ def _train(archive: str) -> None:
     proc.wait(timeout=300)
 
 
+def _running(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def build_archive(*, force: bool = False) -> Path | None:
     """Write this machine's archive unless it exists; returns its path (None: turned off)."""
     if os.environ.get("DBLOG_JVM_ARCHIVE", "on").strip().lower() in _OFF:
@@ -96,8 +106,10 @@ def build_archive(*, force: bool = False) -> Path | None:
     if final.is_file() and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    for left in final.parent.glob("spark-*.jsa.*.tmp"):
+        if not _running(left.suffixes[-2].lstrip(".")):
+            left.unlink(missing_ok=True)  # a build that was killed left it
     temp = final.with_name(f"{final.name}.{os.getpid()}.tmp")
-    temp.unlink(missing_ok=True)
     env = dict(os.environ, DBLOG_JVM_ARCHIVE="off")
     done = subprocess.run([sys.executable, "-m", "pipeline.jvm_archive", "--train", str(temp)],
                           env=env, capture_output=True, text=True, timeout=900, check=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,24 @@ def test_the_archive_is_named_for_the_jdk_and_spark(
     first = jvm_archive.archive_path()
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk-b"))
     assert jvm_archive.archive_path() != first
+
+
+def test_a_failed_build_raises_and_clears_what_a_killed_build_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DBLOG_HOME", str(tmp_path))
+    monkeypatch.setenv("DBLOG_JARS", str(tmp_path / "no-jars"))  # the training run fails
+    monkeypatch.delenv("DBLOG_JVM_ARCHIVE", raising=False)
+    path = jvm_archive.archive_path()
+    path.parent.mkdir(parents=True)
+    killed = path.with_name(f"{path.name}.999999999.tmp")  # no such process
+    writing = path.with_name(f"{path.name}.{os.getppid()}.tmp")  # a live process's build
+    killed.write_bytes(b"partial")
+    writing.write_bytes(b"partial")
+    path.write_bytes(b"archive")
+    assert jvm_archive.build_archive() == path  # there already: nothing is built
+    assert killed.exists()
+    path.unlink()
+    with pytest.raises(RuntimeError, match="archive run failed"):
+        jvm_archive.build_archive()
+    assert not killed.exists() and writing.exists() and not path.exists()
+    assert sorted(p.name for p in path.parent.iterdir()) == [writing.name]
