@@ -112,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
                 capturer = rt.capturer()
                 capture_id = capturer.plan(plan_request([str(table)], None, None))
                 with BackgroundTailer(rt.tailer()) as bg:
-                    capturer = rt.capturer()
                     capturer.health_check = bg.check
                     capturer.run(capture_id)
                     rt.wait_caught_up(bg.check, timeout=1800)  # the mirror merged
@@ -128,11 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                 conn.close()
                 rt.tailer().run(until_caught_up=True, merge_at_end=False)
                 layout, key = rt.sink.layout, rt.dialect.table_schema(table).key
-                mirror_path = layout.mirror(table)
+                mirror_path, changelog_path = layout.mirror(table), layout.changelog(table)
                 mark = mirror_mark(spark, mirror_path)
-                unmerged = (spark.read.format("delta").load(layout.changelog(table))
+                unmerged = (spark.read.format("delta").load(changelog_path)
                             .where(f"_dblog_lsn > {mark}").count())
-                changelog_path = layout.changelog(table)
                 reads = {
                     "mirror": lambda: timed(
                         lambda: spark.read.format("delta").load(mirror_path)),

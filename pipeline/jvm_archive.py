@@ -30,6 +30,11 @@ from pipeline.paths import dblog_home
 _OFF = ("0", "off", "false", "no")
 
 
+def _turned_off() -> bool:
+    """``DBLOG_JVM_ARCHIVE`` says not to write or map the archive."""
+    return os.environ.get("DBLOG_JVM_ARCHIVE", "on").strip().lower() in _OFF
+
+
 def _java_home() -> str:
     home = os.environ.get("JAVA_HOME")
     if home:
@@ -48,7 +53,7 @@ def archive_path() -> Path:
 
 def archive_options() -> list[str]:
     """The JVM options that map the archive, if there is one (and it is not turned off)."""
-    if os.environ.get("DBLOG_JVM_ARCHIVE", "on").strip().lower() in _OFF:
+    if _turned_off():
         return []
     path = archive_path()
     if not path.is_file():
@@ -89,18 +94,19 @@ def _train(archive: str) -> None:
 
 
 def _running(pid: str) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
 def build_archive(*, force: bool = False) -> Path | None:
     """Write this machine's archive unless it exists; returns its path (None: turned off)."""
-    if os.environ.get("DBLOG_JVM_ARCHIVE", "on").strip().lower() in _OFF:
+    if _turned_off():
         return None
     final = archive_path()
     if final.is_file() and not force:
