@@ -21,7 +21,10 @@ wall-clock time each COMMIT returned. Two phases of ``--seconds`` each, in one p
 With ``--capture``, a capture of the whole table (``--prefill`` rows; give it enough to last
 the phase) starts in the dblog phase once the writers run: the writes' latency then includes
 what a capture beside the tail costs them (a batch that holds a chunk's high watermark waits
-for the chunk's files).
+for the chunk's files). ``--chunk-target-seconds``, ``--chunk-max-rows``,
+``--max-rows-per-s`` and ``--pin-ahead-s`` set the capture's and the tailer's settings of the
+same names (the product's defaults otherwise): the trade between a capture's speed and the
+log's latency beside it.
 
 Writes of the first ``--warmup`` seconds are left out. Prints p50/p95/p99/max seconds of each
 path, dblog / baseline for p50 and p99 and the issue's targets (p50 ≤ 2 s, p99 ≤ 5 s to the
@@ -320,6 +323,8 @@ class CaptureBeside(threading.Thread):
         self.capture_id = self.capturer.plan(CaptureRequest((table,)))
         self.halt = threading.Event()
         self.statuses: list[str] = []
+        self.rows = 0
+        self.chunks = 0
         self.error: BaseException | None = None
         self.began = time.monotonic()
         self.seconds: float | None = None
@@ -329,6 +334,8 @@ class CaptureBeside(threading.Thread):
         try:
             reports = self.capturer.run(self.capture_id, stop=self.halt)
             self.statuses = [r.status for r in reports]
+            self.rows = sum(r.rows_selected for r in reports)
+            self.chunks = sum(r.chunks for r in reports)
         except BaseException as exc:  # reported by finish()
             self.error = exc
         self.seconds = time.monotonic() - self.began
@@ -345,7 +352,7 @@ class CaptureBeside(threading.Thread):
             self.halt.set()
             self.join(60)
         self.check()
-        return {"statuses": self.statuses,
+        return {"statuses": self.statuses, "rows_selected": self.rows, "chunks": self.chunks,
                 "seconds": None if self.seconds is None else round(self.seconds, 2)}
 
 
@@ -357,9 +364,17 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
     from pipeline.runtime import open_runtime
 
     config = pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],
-                             lake=lake_dir(name) / "lake", server_id=replica_id(8100, 8139))
+                             lake=lake_dir(name) / "lake", server_id=replica_id(8100, 8139),
+                             max_rows_per_s=args.max_rows_per_s,
+                             settings={"capture": {
+                                 "chunk_target_seconds": args.chunk_target_seconds,
+                                 "chunk_max_rows": args.chunk_max_rows},
+                                 "tail": {"pin_ahead_s": args.pin_ahead_s}})
     table = TableId(db, TABLE)
     batches: list[tuple[int, float]] = []
+    timeline: list[dict[str, Any]] = []
+    """Per written batch: when (since the tailer started), its log events and seconds, the
+    chunks it emitted and how far behind the source its last transaction was at its commit."""
     commits = Commits()
     with open_runtime(config, spark=spark) as rt:
         try:
@@ -371,7 +386,22 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
             poller = LakePoller(rt.layout.changelog(table), rt.layout.mirror(table),
                                 args.prefill, args.poll)
             poller.start()
-            tailer = rt.tailer(on_batch=record_batches(batches))
+            record = record_batches(batches)
+
+            def on_batch(report: Any) -> None:
+                record(report)
+                if not report.mirror_only:
+                    now = time.time()
+                    timeline.append({
+                        "at_s": round(now - t_phase, 2), "events": report.events,
+                        "seconds": round(report.seconds, 2),
+                        "chunks": len(report.emitted_windows),
+                        "chunk_rows": report.rows_emitted,
+                        "behind_s": (round(now - report.commit_ts_ms / 1000, 2)
+                                     if report.commit_ts_ms else None)})
+
+            t_phase = time.time()
+            tailer = rt.tailer(on_batch=on_batch)
             with BackgroundTailer(tailer) as bg:
                 with commit_writers(ep, db, tps=args.tps, writers=args.writers,
                                     existing=args.prefill, first_new=first_new + 20,
@@ -415,6 +445,7 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
         "tailer_batches": len(batches),
         "tailer_events": sum(e for e, _ in batches),
         "tailer_batch_seconds": percentiles([s for _, s in batches], digits=2),
+        "tailer_timeline": timeline,
         "capture": captured,
         "tail": {"batch_max_events": config.tail.batch_max_events,
                  "batch_max_seconds": config.tail.batch_max_seconds,
@@ -439,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", action="store_true",
                         help="capture the table (--prefill rows) beside the tail in the "
                              "dblog phase")
+    parser.add_argument("--chunk-target-seconds", type=float, default=None,
+                        help="the capture's capture.chunk_target_seconds (default: the "
+                             "product's)")
+    parser.add_argument("--chunk-max-rows", type=int, default=None,
+                        help="the capture's capture.chunk_max_rows (default: the product's)")
+    parser.add_argument("--max-rows-per-s", type=float, default=None,
+                        help="the capture's capture.max_rows_per_s (default: no limit)")
+    parser.add_argument("--pin-ahead-s", type=float, default=None,
+                        help="the tailer's tail.pin_ahead_s (default: the product's)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
     parser.add_argument("--output", type=Path, default=None,
                         help="result file (default bench/results/latency[-smoke].json)")
@@ -515,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         "tps": args.tps, "writers": args.writers, "seconds": args.seconds,
         "warmup_s": args.warmup, "prefill": args.prefill, "poll_s": args.poll,
         "drain_timeout_s": args.drain_timeout, "insert_share": 0.2, "smoke": args.smoke,
-        "capture": args.capture,
+        "capture": args.capture, "chunk_target_seconds": args.chunk_target_seconds,
+        "chunk_max_rows": args.chunk_max_rows, "max_rows_per_s": args.max_rows_per_s,
+        "pin_ahead_s": args.pin_ahead_s,
         "spark_master": spark.conf.get("spark.master"),
     }
     path = write_results(output, "latency", parameters, results, {

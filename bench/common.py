@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,11 +255,13 @@ def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Pa
                     server_id: int, chunk_size: int | None = None, max_in_flight: int = 4,
                     batch_seconds: float = 2.0, poll_seconds: float = 0.5,
                     read_partitions: int | None = None,
-                    max_rows_per_s: float | None = None) -> PipelineConfig:
+                    max_rows_per_s: float | None = None,
+                    settings: Mapping[str, Mapping[str, Any]] | None = None) -> PipelineConfig:
     """The product's default capture/tail settings, with a source name and ZooKeeper root of
     this run only (nothing an earlier run left behind is seen); ``read_partitions``
     overrides the capture's parallel reads of a chunk, ``max_rows_per_s`` sets its read-rate
-    limit."""
+    limit; ``settings`` sets any others, as the YAML's sections would (``{"tail":
+    {"pin_ahead_s": 0}}``; a None value keeps the default)."""
     os.environ.setdefault("DBLOG_MARIADB_PASSWORD", ep.mariadb_password)
     data = config_dict(source=name, ep=ep, tables=list(tables), lake=lake, server_id=server_id,
                        chunk_size=chunk_size or 1, max_in_flight=max_in_flight,
@@ -271,6 +273,8 @@ def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Pa
         data["capture"]["read_partitions"] = read_partitions
     if max_rows_per_s is not None:
         data["capture"]["max_rows_per_s"] = max_rows_per_s
+    for section, values in (settings or {}).items():
+        data[section].update({k: v for k, v in values.items() if v is not None})
     return parse_config(data)
 
 
