@@ -387,6 +387,7 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
                                 args.prefill, args.poll)
             poller.start()
             record = record_batches(batches)
+            t_phase = time.time()
 
             def on_batch(report: Any) -> None:
                 record(report)
@@ -400,7 +401,6 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
                         "behind_s": (round(now - report.commit_ts_ms / 1000, 2)
                                      if report.commit_ts_ms else None)})
 
-            t_phase = time.time()
             tailer = rt.tailer(on_batch=on_batch)
             with BackgroundTailer(tailer) as bg:
                 with commit_writers(ep, db, tps=args.tps, writers=args.writers,

@@ -274,7 +274,7 @@ def pipeline_config(ep: Endpoints, *, name: str, tables: Sequence[str], lake: Pa
     if max_rows_per_s is not None:
         data["capture"]["max_rows_per_s"] = max_rows_per_s
     for section, values in (settings or {}).items():
-        data[section].update({k: v for k, v in values.items() if v is not None})
+        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
     return parse_config(data)
 
 
