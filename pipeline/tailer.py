@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
@@ -180,9 +181,26 @@ class _Pinned:
     before: Versioned[RangeProgress]
     """The range's progress before this chunk (restored when the chunk is aborted)."""
     covered: KeyRange | None
+    """The key range the chunk's select read completely, if the mirror may hold a row in
+    it (:meth:`coverage`)."""
     deadline: float
     """When the tailer gives up waiting for the chunk's files."""
+    mirror_check: Future[bool] | None = None
+    """Whether the mirror holds a row in ``covered``: asked beside the log's reading
+    (:meth:`Tailer._pin`)."""
     files: ChunkFiles | None = None
+
+    def coverage(self) -> KeyRange | None:
+        """The chunk's coverage for its emission: none where the mirror holds no row in it
+        (waits for the check)."""
+        if self.covered is None or self.mirror_check is None:
+            return self.covered
+        return self.covered if self.mirror_check.result() else None
+
+    @property
+    def checked(self) -> bool:
+        """Whether the mirror check, if any, has its answer."""
+        return self.mirror_check is None or self.mirror_check.done()
 
 
 @dataclass
@@ -266,6 +284,7 @@ class Tailer:
         self._mirror_doc_lsn: int | None = None
         """The position the ``mirror`` document in ZooKeeper last recorded."""
         self._merger: MirrorMerger | None = None
+        self._coverage_checks: ThreadPoolExecutor | None = None
         self._merge_at_end = True
         """Whether a run ends by merging every mirror (``run(merge_at_end=...)``)."""
         self._stop = threading.Event()
@@ -434,6 +453,8 @@ class Tailer:
         # Decoding runs ahead in a thread of its own while batches are written, and the
         # mirrors merge in another.
         self._merger = MirrorMerger(self._merge_mirrors)
+        self._coverage_checks = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dblog-coverage-check")
         reader = PrefetchingReader(
             self.dialect.open_log(start, self.tables),
             max_ahead=self.options.batch_max_events,
@@ -539,6 +560,7 @@ class Tailer:
         finally:
             reader.close()
             self._merger.close()
+            self._coverage_checks.shutdown(wait=True, cancel_futures=True)
 
     def _log_needed_from(self, committed: PositionState) -> Mapping[str, Any]:
         """The earliest log position a restart may read from: the committed position, or
@@ -823,7 +845,7 @@ class Tailer:
             return
         assert doc is not None and chunk is not None
         covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
-        pin, covered = self._pin(em, chunk.value, pending, covered)
+        pin, mirror_check = self._pin(em, chunk.value, pending, covered)
         self._settled.add(wid)
         # Advance the in-memory progress now so a later chunk of the same range in this
         # batch is judged against it (rolled back if this chunk's files never come);
@@ -840,13 +862,22 @@ class Tailer:
         self._ranges[range_key] = Versioned(new, current.version)
         pending.pinned.append(_Pinned(
             em, pin, range_key, current, covered,
-            deadline=time.monotonic() + self.options.chunk_files_timeout_s))
+            deadline=time.monotonic() + self.options.chunk_files_timeout_s,
+            mirror_check=mirror_check))
 
     def _pin(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending,
-             covered: KeyRange | None) -> tuple[ChunkPin, KeyRange | None]:
+             covered: KeyRange | None) -> tuple[ChunkPin, Future[bool] | None]:
         """Pin the window for this batch: its capture writes the chunk's files for it; the
-        pin, and the chunk's coverage, unless the mirror holds no row in it (then the chunk
-        can delete none: :meth:`DeltaSink.mirror_holds`).
+        pin, and the check whether the mirror holds a row in the chunk's coverage (without
+        one the chunk can delete none: :meth:`DeltaSink.mirror_holds`).
+
+        The check is a Spark job, run in a thread of its own while the log is read on and
+        the capture writes the chunk's files; the batch is written once it has its answer.
+        Any time between the pin and the batch's write is as good as another: the mirror
+        then changes only by merges of batches before this one, and a merge that lands
+        after the check adds only rows of keys the chunk holds, was told of (dropped,
+        changed before its high watermark) or saw deleted, so a check that found no row
+        leaves no row for the chunk to delete.
 
         The lake first gets every column of the chunk, so that the capture can write its
         rows in the lake's schema. Files written for an earlier attempt (this tailer's
@@ -864,9 +895,10 @@ class Tailer:
         self.state.check_leader()
         handoff.write_pin(self.state, pin)
         crash_point("tail.after_pin")
-        if covered is not None and not self.sink.mirror_holds(table, covered):
-            covered = None
-        return pin, covered
+        if covered is None:
+            return pin, None
+        assert self._coverage_checks is not None
+        return pin, self._coverage_checks.submit(self.sink.mirror_holds, table, covered)
 
     def _changes_waited(self, pending: _Pending) -> bool:
         """Whether the batch's first log change has waited ``pin_ahead_s`` (see
@@ -876,11 +908,15 @@ class Tailer:
 
     def _pinned_files_ready(self, pending: _Pending) -> bool:
         """Whether every chunk the batch pinned has its files, or never will (then it is
-        aborted when the batch is written): the batch can be written without waiting.
-        Looks in ZooKeeper at most every ``PINNED_POLL_S`` (it is asked per transaction)."""
+        aborted when the batch is written), and its mirror check's answer: the batch can be
+        written without waiting. Looks in ZooKeeper at most every ``PINNED_POLL_S`` (it is
+        asked per transaction)."""
         if not pending.pinned:
             return True
         if time.monotonic() - pending.files_looked_at < PINNED_POLL_S:
+            return False
+        if not all(pinned.checked for pinned in pending.pinned):
+            pending.files_looked_at = time.monotonic()
             return False
         for pinned in pending.pinned:
             if pinned.files is None:
@@ -913,14 +949,17 @@ class Tailer:
                 if pinned.range_key not in failed:
                     failed.add(pinned.range_key)
                     self._ranges[pinned.range_key] = pinned.before
+                if pinned.mirror_check is not None:
+                    pinned.mirror_check.cancel()
                 pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=found)
                 continue
             table = pinned.emission.window.table
             batch = pending.table(table)
             batch.emissions.append(pinned.emission)
             batch.chunks[wid] = found
-            if pinned.covered is not None:
-                batch.coverage[wid] = pinned.covered
+            covered = pinned.coverage()
+            if covered is not None:
+                batch.coverage[wid] = covered
             pending.window_updates[wid] = WindowUpdate(
                 wid, "emitted", extra={"rows_selected": found.selected,
                                        "position": pinned.emission.position.lsn})

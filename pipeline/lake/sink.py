@@ -844,8 +844,9 @@ class DeltaSink:
 
         A mirror without one then never has a row a chunk of that range can prove gone:
         a merge that lands later only adds rows of keys the chunk holds, was told of
-        (dropped, changed before its high watermark) or saw deleted. So the tailer asks
-        at the high watermark, while the capture writes the chunk's files."""
+        (dropped, changed before its high watermark) or saw deleted. So the tailer may
+        ask at any time between the chunk's pin and its batch's write: it asks in a thread
+        of its own while the capture writes the chunk's files."""
         columns = self.known_columns(table)
         if not columns or not self._exists(self.layout.mirror(table)):
             return False

@@ -650,6 +650,50 @@ def test_the_mirror_holds_rows_in_a_coverage_or_not(spark: Any, tmp_path: Path) 
     assert not sink.mirror_holds(TABLE, KeyRange(None, (0,)))
 
 
+@pytest.mark.parametrize("order", ["check, write, merge", "check, merge, write",
+                                   "merge, check, write"])
+def test_the_mirror_check_answers_as_well_whenever_it_runs_before_the_write(
+    spark: Any, tmp_path: Path, order: str
+) -> None:
+    """The tailer asks whether the mirror holds a row in a chunk's coverage in a thread of
+    its own, so a merge of earlier batches may land before or after it and before or after
+    the batch's write. Whichever order, the chunk deletes exactly the mirror key the source
+    lost without a log change saying so (4), and nothing the log deleted or added: here a
+    merge turns the answer for one chunk from yes to no (1-3 deleted by the log) and for
+    another from no to yes (12 inserted by the log)."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2, 3, 4)]),
+                           1, {})
+    sink.write_table_batch(
+        TableBatch(TABLE, [ev(Op.DELETE, i, 200 + i) for i in (1, 2, 3)]
+                   + [ev(Op.CREATE, 12, 210)]), 2, {}, merge_mirror=False)
+    emissions = [(_emission(TABLE, "w1", 500, set()), [], KeyRange((0,), (3,))),
+                 (_emission(TABLE, "w2", 501, set()), [], KeyRange((3,), (5,))),
+                 (_emission(TABLE, "w3", 502, set()), named([12]), KeyRange((10,), (20,)))]
+    answers: dict[str, bool] = {}
+    results: list[tuple[str, int, int]] = []
+    for step in order.split(", "):
+        if step == "check":
+            answers = {em.window.window_id: sink.mirror_holds(TABLE, covered)
+                       for em, _, covered in emissions}
+        elif step == "merge":
+            sink.merge_mirror(TABLE, 2, {})
+        else:
+            results = emit(spark, sink, 3, [(em, selected) for em, selected, _ in emissions],
+                           coverage={em.window.window_id: covered
+                                     for em, _, covered in emissions
+                                     if answers[em.window.window_id]},
+                           merge_mirror=False)
+    sink.merge_mirror(TABLE, 3, {})
+    merged_first = order.startswith("merge")
+    assert answers == {"w1": not merged_first, "w2": True, "w3": merged_first}
+    assert results == [("w1", 0, 0), ("w2", 0, 1), ("w3", 1, 0)]
+    assert {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))} == {12: "r12"}
+
+
 def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     spark: Any, tmp_path: Path
 ) -> None:

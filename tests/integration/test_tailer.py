@@ -247,6 +247,51 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
         assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
 
 
+def test_the_mirror_check_of_a_pinned_chunk_runs_while_the_log_is_read_on(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check whether the mirror holds a row in a pinned chunk's coverage (a Spark job
+    of seconds on a busy lake) runs beside the log's reading: here the first chunk's check
+    answers only once the second chunk is pinned, which a tailer that asked on its reading
+    thread would never do. Both chunks are emitted, each row once."""
+    from pipeline import handoff
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    with _two_chunks(services, spark, tmp_path, "check", 7506) as (
+        rt, table, capture_id, range_id, first, second
+    ):
+        capturer = rt.capturer()
+        holds = rt.sink.mirror_holds
+        seen: list[tuple[bool, str]] = []
+
+        def slow_check(*args: Any) -> bool:
+            deadline = time.monotonic() + 20
+            while (handoff.read_pin(rt.state, second.window_id) is None
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            seen.append((handoff.read_pin(rt.state, second.window_id) is not None,
+                         threading.current_thread().name))
+            return bool(holds(*args))
+
+        monkeypatch.setattr(rt.sink, "mirror_holds", slow_check)
+        writers = [threading.Thread(target=capturer._write_held, args=(held,),
+                                    kwargs={"stop": None}) for held in (first, second)]
+        for w in writers:
+            w.start()
+        tailer = rt.tailer()
+        reader = threading.current_thread().name
+        tailer.run(until_caught_up=True)
+        for w in writers:
+            w.join(timeout=60)
+            assert not w.is_alive()
+        assert len(seen) == 2 and seen[0][0], seen
+        assert all(name != reader for _, name in seen), seen
+        for held in (first, second):
+            settled = rt.state.get_window(held.window_id)
+            assert settled is not None and settled.value.status == "emitted", settled
+        assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
+
+
 def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_range(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
