@@ -138,6 +138,17 @@ class DeltaTxn:
         commit that adds such files makes :meth:`commit` fail."""
         return int(self._filter_files(condition).size())
 
+    def rows_exist_where(self, condition: Column) -> bool:
+        """Whether a row of this transaction's snapshot satisfies ``condition``: only the
+        files its statistics admit are read (one data-skipping pass, no second load of the
+        table), and the read stops at the first row found."""
+        files = self._filter_files(condition)
+        if files.isEmpty():
+            return False
+        jdf = _delta_log(self.spark, self.path).createDataFrame(
+            self._txn.snapshot(), files, False, _jvm(self.spark).scala.Option.empty())
+        return bool(DataFrame(jdf, self.spark).where(condition).limit(1).count())
+
     def records_where(self, condition: Column) -> tuple[int, int | None]:
         """As :meth:`files_where`, with the rows those files hold (their ``numRecords``
         statistics; None when a file has none): ``(files, rows)``."""

@@ -854,13 +854,10 @@ class DeltaSink:
         types = {c.name: spark_type(c.spark_type) for c in columns}
         in_range = key_range_predicate(key, key_range, [types[k] for k in key])
         path = self.layout.mirror(table)
-        # A mirror without files (a first capture), then the files' key statistics: a
-        # capture into new keys reads no data file.
+        # A mirror without files (a first capture) reads nothing; then only the files whose
+        # key statistics admit the range are read: a capture into new keys reads none.
         txn = DeltaTxn(self.spark, path)
-        if not txn.file_count or not txn.files_where(in_range):
-            return False
-        mirror = self.spark.read.format("delta").load(path)
-        return bool(mirror.where(in_range).limit(1).count())
+        return bool(txn.file_count) and txn.rows_exist_where(in_range)
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""

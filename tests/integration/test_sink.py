@@ -1430,3 +1430,29 @@ def test_the_mirror_is_read_for_a_span_by_its_files_statistics(
     assert txn.files_where(key >= F.lit(2).cast("int")) == 2
     assert txn.files_where(key == F.lit(1)) == 1
     assert txn.files_where(F.lit(True)) == 2
+
+
+def test_rows_are_looked_for_only_in_the_files_the_statistics_admit(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``rows_exist_where`` (the tailer's check whether the mirror holds a row in a chunk's
+    coverage) reads the transaction's snapshot: a file whose key statistics admit a span
+    may still hold no row in it, and a commit after the transaction began is not seen."""
+    from pipeline.lake.deltalog import DeltaTxn
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 4)]), 1, {})
+    txn = DeltaTxn(spark, sink.layout.mirror(TABLE))
+    key = F.col("id")
+
+    def between(low: int, high: int) -> Any:
+        return (key >= F.lit(low).cast("int")) & (key <= F.lit(high).cast("int"))
+
+    assert txn.files_where(between(2, 3)) == 1  # inside the file's bounds [1, 4]
+    assert not txn.rows_exist_where(between(2, 3))
+    assert txn.rows_exist_where(between(3, 4))
+    assert not txn.rows_exist_where(between(5, 9))
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 7, 200)]), 2, {})
+    assert not txn.rows_exist_where(between(5, 9))  # committed after the snapshot
+    assert DeltaTxn(spark, sink.layout.mirror(TABLE)).rows_exist_where(between(5, 9))
