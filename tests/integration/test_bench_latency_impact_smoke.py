@@ -42,9 +42,16 @@ def _run(module: str, out: Path, name: str, *args: str, timeout: float = 240.0
     return smoke_result(out, name)
 
 
-def _ordered(stats: dict[str, Any]) -> None:
+def _ordered(stats: dict[str, Any], floor: float = 0.0) -> None:
     assert stats["count"] > 0
-    assert 0 <= stats["p50"] <= stats["p95"] <= stats["p99"] <= stats["max"]
+    assert floor <= stats["p50"] <= stats["p95"] <= stats["p99"] <= stats["max"]
+
+
+DECODED_FLOOR = -0.01
+"""A write's time is taken when its autocommit statement returns; MariaDB sends the binlog
+event to the replica connection before the client has read its OK, so on an idle machine the
+bare loop decodes many writes a fraction of a millisecond "before" they committed (p50
+-0.14 ms seen). Never by more than the statement's own round trip on loopback."""
 
 
 def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: Path) -> None:
@@ -56,14 +63,16 @@ def test_latency_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path:
     doc = smoke_result(out, "latency")
     base, dblog = doc["results"]["baseline"], doc["results"]["dblog"]
     assert base["commits"] > 0 and base["achieved_tps"] > 0 and base["rows_decoded"] > 0
-    _ordered(base["decoded"])
+    _ordered(base["decoded"], DECODED_FLOOR)
     assert base["decoded"]["unseen"] == 0  # the bare loop sees every row before the marker
     assert dblog["commits"] > 0 and dblog["achieved_tps"] > 0
     for path in ("changelog", "mirror"):
         _ordered(dblog[path])
         assert dblog[path]["unseen"] == 0  # every write reached the lake before the timeout
         for p in ("p50", "p99"):
-            assert doc["results"]["ratio"][f"{path}_{p}"] > 0
+            ratio = doc["results"]["ratio"][f"{path}_{p}"]
+            # none against a baseline at or below zero (see DECODED_FLOOR)
+            assert ratio > 0 if base["decoded"][p] > 0 else ratio is None
     assert dblog["delta_versions"]["changelog"] > 0 and dblog["tailer_events"] > 0
     assert dblog["capture"]["statuses"] == ["done"] and dblog["capture"]["seconds"] > 0
 
