@@ -92,6 +92,33 @@ def snapshot() -> dict[str, float]:
     return dict(out)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """Another process's CPU seconds so far (None: it is gone or not readable)."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return None if fields is None else _cpu_s(fields)
+
+
+def python_threads() -> dict[str, float]:
+    """CPU seconds so far of this process's live Python threads, summed by name with
+    digits replaced by ``N`` (``Thread-3 (run)`` and ``Thread-7 (run)`` together)."""
+    import threading
+
+    out: defaultdict[str, float] = defaultdict(float)
+    for thread in threading.enumerate():
+        fields = _stat_fields(Path(f"/proc/self/task/{thread.native_id}/stat"))
+        if fields is not None:
+            out[re.sub(r"\d+", "N", thread.name)] += _cpu_s(fields)
+    return dict(out)
+
+
+def threads_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of each :func:`python_threads` group since ``before``, busiest first;
+    a thread that ended meanwhile is not counted (its time stays in ``python``)."""
+    after = python_threads()
+    spent = {k: round(max(0.0, v - before.get(k, 0.0)), 2) for k, v in after.items()}
+    return dict(sorted(((k, v) for k, v in spent.items() if v > 0), key=lambda kv: -kv[1]))
+
+
 def spent_since(before: dict[str, float]) -> dict[str, float]:
     """CPU seconds spent since ``before`` (a :func:`snapshot`), as :func:`cpu_seconds`
     reports them."""
