@@ -581,8 +581,9 @@ def main(argv: list[str] | None = None) -> int:
                           for p in ("p50", "p99")]] for path in ("changelog", "mirror")])
     cpu = dblog["cpu_seconds_while_writing"]
     print()
-    print(f"CPU seconds while the writers ran ({args.seconds:.0f} s, two cores: "
-          f"{2 * args.seconds:.0f} at most): " + ", ".join(
+    cores = os.cpu_count() or 1
+    print(f"CPU seconds while the writers ran ({args.seconds:.0f} s, {cores} cores: "
+          f"{cores * args.seconds:.0f} at most): " + ", ".join(
               f"{k} {v}" for k, v in cpu.items()
               if k in ("total", "writers", "mariadb", "python", "jvm") or k.startswith("jvm_")))
     print("  this process's threads: " + ", ".join(
