@@ -423,6 +423,7 @@ def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Na
                     cpu["writers"] = round(sum(
                         (process_cpu_seconds(p) or b) - b
                         for p, b in zip(writers.pids, writers_before, strict=True)), 2)
+                    # Here the total counts the writers too (bench_capture's has none).
                     cpu["total"] = round(cpu["total"] + cpu["writers"], 2)
                     cpu["python_threads"] = threads_since(threads_before)
                 stopped = time.time()

@@ -55,8 +55,7 @@ def mariadb_cpu_seconds() -> float | None:
         pid = int((dblog_home() / "mariadb" / "run.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    return None if fields is None else _cpu_s(fields)
+    return process_cpu_seconds(pid)
 
 
 def _jvm_group(thread_name: str) -> str:

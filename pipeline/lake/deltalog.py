@@ -145,9 +145,9 @@ class DeltaTxn:
         files = self._filter_files(condition)
         if files.isEmpty():
             return False
-        jdf = _delta_log(self.spark, self.path).createDataFrame(
-            self._txn.snapshot(), files, False, _jvm(self.spark).scala.Option.empty())
-        return bool(DataFrame(jdf, self.spark).where(condition).limit(1).count())
+        rows = _files_frame(self.spark, _delta_log(self.spark, self.path),
+                            self._txn.snapshot(), files)
+        return bool(rows.where(condition).limit(1).count())
 
     def records_where(self, condition: Column) -> tuple[int, int | None]:
         """As :meth:`files_where`, with the rows those files hold (their ``numRecords``
@@ -209,6 +209,11 @@ def files_dataframe(spark: SparkSession, path: str, actions_json: Sequence[str])
     log = _delta_log(spark, path)
     snapshot = log.update(False, _jvm(spark).scala.Option.empty(),
                           _jvm(spark).scala.Option.empty())
-    adds = _scala_seq(spark, _actions(spark, actions_json))
+    return _files_frame(spark, log, snapshot, _scala_seq(spark, _actions(spark, actions_json)))
+
+
+def _files_frame(spark: SparkSession, log: Any, snapshot: Any, adds: Any) -> DataFrame:
+    """The rows of the data files ``adds`` (a Scala Seq of AddFile), read with ``snapshot``'s
+    schema and column mapping."""
     jdf = log.createDataFrame(snapshot, adds, False, _jvm(spark).scala.Option.empty())
     return DataFrame(jdf, spark)
