@@ -1009,15 +1009,22 @@ def test_only_the_changelog_keeps_a_change_feed(spark: Any, tmp_path: Path) -> N
 
 def test_a_checkpoint_every_hundred_commits(spark: Any, tmp_path: Path) -> None:
     """Delta writes a checkpoint in the commit that reaches the interval; at its default
-    (10) that was a third of a small append's time."""
+    (10) that was a third of a small append's time. Both tables carry the interval; the
+    changelog shows Delta keeps to it (the mirror's commits are MERGEs of ~4 s each, and
+    twelve of them made this the suite's longest sink test)."""
+    from pipeline.lake.deltalog import DeltaTxn
+
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    for batch in range(1, 13):
-        sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, batch, 100 + batch)]), batch, {})
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
-        log = Path(path, "_delta_log")
-        assert len(list(log.glob("*.json"))) > 10
-        assert not list(log.glob("*.checkpoint*.parquet")), path
+        assert DeltaTxn(spark, path).configuration()["delta.checkpointInterval"] == "100"
+    for batch in range(1, 13):
+        sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, batch, 100 + batch)]), batch,
+                               {}, merge_mirror=False)
+    sink.merge_mirror(TABLE, 12, {})
+    for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
+        assert not list(Path(path, "_delta_log").glob("*.checkpoint*.parquet")), path
+    assert len(list(Path(sink.layout.changelog(TABLE), "_delta_log").glob("*.json"))) > 10
     assert sorted(r["id"] for r in rows(spark, sink.layout.mirror(TABLE))) == list(range(1, 13))
 
 
