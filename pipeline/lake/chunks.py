@@ -22,7 +22,13 @@ from pipeline.errors import DblogError
 from pipeline.events import Key, Op, TableId
 from pipeline.handoff import ChunkFiles, ChunkPin
 from pipeline.lake.deltalog import DeltaTxn, action_rows
-from pipeline.lake.types import ATTEMPT_COLUMN, WINDOW_COLUMN, coerce, quote_ident
+from pipeline.lake.types import (
+    ATTEMPT_COLUMN,
+    WINDOW_COLUMN,
+    coerce,
+    frame_of_columns,
+    quote_ident,
+)
 
 __all__ = ["PARTITION_SHIFT", "keys_frame", "read_order_offsets", "write_chunk_files"]
 
@@ -45,15 +51,19 @@ def read_order_offsets(counts: Mapping[int, int]) -> dict[int, int]:
 
 def keys_frame(spark: SparkSession, keys: Sequence[Key], key: Sequence[str],
                types: Mapping[str, T.DataType]) -> DataFrame:
-    """Primary keys as a DataFrame of the key columns in the lake's types."""
+    """Primary keys as a DataFrame of the key columns in the lake's types (through Arrow:
+    :func:`~pipeline.lake.types.frame_of_columns`)."""
     schema = T.StructType([T.StructField(k, types[k]) for k in key])
-    values = [tuple(coerce(v, types[k]) for v, k in zip(kv, key, strict=True)) for kv in keys]
-    return spark.createDataFrame(values, schema, verifySchema=False)
+    columns = [[coerce(kv[i], types[k]) for kv in keys] for i, k in enumerate(key)]
+    return frame_of_columns(spark, schema, columns)
 
 
-_PIN_FIELDS = ("lsn BIGINT", "seq BIGINT", "window STRING", "batch BIGINT", "attempt STRING",
-               "commit_ts_ms BIGINT", "offsets ARRAY<BIGINT>", "source STRING",
-               "database STRING", "table STRING")
+_PIN_FIELDS = (
+    ("lsn", T.LongType()), ("seq", T.LongType()), ("window", T.StringType()),
+    ("batch", T.LongType()), ("attempt", T.StringType()), ("commit_ts_ms", T.LongType()),
+    ("offsets", T.ArrayType(T.LongType())), ("source", T.StringType()),
+    ("database", T.StringType()), ("table", T.StringType()),
+)
 
 
 def _pin_parameters(spark: SparkSession, pin: ChunkPin, offsets: Mapping[int, int],
@@ -72,10 +82,9 @@ def _pin_parameters(spark: SparkSession, pin: ChunkPin, offsets: Mapping[int, in
     parts = max(offsets, default=-1) + 1
     row = (pin.lsn, pin.seq + 1, pin.window_id, pin.batch, pin.attempt, pin.commit_ts_ms,
            [offsets.get(p, 0) for p in range(parts)], source, table.database, table.table)
-    ddl = ", ".join(prefix + f for f in _PIN_FIELDS)
-    names = [f.split()[0] for f in _PIN_FIELDS]
-    return (spark.createDataFrame([row], ddl),
-            {n: F.col(quote_ident(prefix + n)) for n in names})
+    schema = T.StructType([T.StructField(prefix + name, dtype) for name, dtype in _PIN_FIELDS])
+    return (frame_of_columns(spark, schema, [[value] for value in row]),
+            {name: F.col(quote_ident(prefix + name)) for name, _ in _PIN_FIELDS})
 
 
 def _index_in_key_order(order: SparkColumn, offsets: SparkColumn) -> SparkColumn:

@@ -6,11 +6,16 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import types as T
 
 from pipeline.sources.base import Column, element_type
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pyspark.sql import DataFrame, SparkSession
 
 _SIMPLE: dict[str, T.DataType] = {
     "BOOLEAN": T.BooleanType(),
@@ -129,3 +134,18 @@ def needs_coercion(dtype: T.DataType) -> bool:
     return isinstance(
         dtype, T.TimestampNTZType | T.TimestampType | T.DecimalType | T.FloatType | T.DoubleType
     )
+
+
+def frame_of_columns(spark: SparkSession, schema: T.StructType,
+                     columns: Sequence[Sequence[Any]]) -> DataFrame:
+    """A small DataFrame of ``schema`` from Python values (one sequence per column), sent to
+    Spark as Arrow. ``createDataFrame`` of Python rows has Spark run its Python worker
+    processes with ``$PYSPARK_PYTHON`` or ``python3`` from ``PATH``, not this interpreter: a
+    machine whose ``python3`` is another version fails the job, and the workers cost a
+    process start. Values take :func:`coerce` first where the lake's type asks for it."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(schema)
+    arrays = [pa.array(list(values), arrow.field(i).type) for i, values in enumerate(columns)]
+    return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=arrow), schema)

@@ -137,6 +137,40 @@ def test_a_chunk_is_written_once_and_its_files_are_committed_as_written(
     assert {r["_dblog_window_id"] for r in batch2 if r["op"] == "r"} == {"w1"}
 
 
+def test_a_chunk_and_its_batch_are_written_without_python_worker_processes(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark turns a DataFrame of Python rows into its own rows in Python worker processes
+    started with ``$PYSPARK_PYTHON`` or ``python3`` from PATH, not dblog's interpreter: where
+    that ``python3`` was another version, every chunk's write failed (the pin's values and
+    the dropped keys were such frames). Here no worker can start, and a chunk with a dropped
+    key, the batch that commits it with a coverage delete, and the merge all go through."""
+    from pipeline.chunking import KeyRange
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    sink.write_table_batch(
+        TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in range(1, 12)]), 1, {})
+    selected = named([i for i in range(1, 11) if i != 3])
+    held = (spark.createDataFrame(selected, "id INT, name STRING").coalesce(1)
+            .sortWithinPartitions("id").withColumn("_o", F.monotonically_increasing_id())
+            .localCheckpoint())  # what a capture holds: rows from the source, not Python
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(tmp_path / "no-such-python"))
+    em = _emission(TABLE, "w1", 500, {(7,)})
+    attempt = WriteAttempt()
+    pin = ChunkPin("w1", 2, attempt.id, 500, 0, em.commit_ts_ms, ((7,),))
+    files = write_chunk_files(spark, sink.layout.changelog(TABLE), source=sink.layout.source,
+                              table=TABLE, chunk=held, key=("id",), order_column="_o",
+                              offsets={0: 0}, selected=len(selected), pin=pin)
+    tb = TableBatch(TABLE, [], emissions=[em], chunks={"w1": files},
+                    coverage={"w1": KeyRange((0,), (10,))})
+    _, results = sink.write_table_batch(tb, 2, {}, attempt=attempt)
+    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(8, 1)]
+    mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
+    assert sorted(mirror) == [1, 2, 4, 5, 6, 7, 8, 9, 10, 11]  # 3 gone, 7 dropped, 11 outside
+    assert mirror[7] == "n7" and mirror[1] == "r1"
+
+
 @pytest.mark.parametrize("name", ["_dblog_lsn", "_DBLOG_SEQ", "_dblog_window_id"])
 def test_a_column_named_like_the_lakes_own_is_refused_with_what_to_do(
     spark: Any, tmp_path: Path, name: str
