@@ -142,7 +142,8 @@ def frame_of_columns(spark: SparkSession, schema: T.StructType,
     Spark as Arrow. ``createDataFrame`` of Python rows has Spark run its Python worker
     processes with ``$PYSPARK_PYTHON`` or ``python3`` from ``PATH``, not this interpreter: a
     machine whose ``python3`` is another version fails the job, and the workers cost a
-    process start. Values take :func:`coerce` first where the lake's type asks for it."""
+    process start. The values must already be of the columns' types: callers run
+    :func:`coerce` where a lake type asks for it."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
