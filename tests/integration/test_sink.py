@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from pipeline.errors import DblogError, LeadershipLost
 from pipeline.events import ChangeEvent, Op, Position, TableId
@@ -20,7 +21,7 @@ from pipeline.handoff import ChunkFiles, ChunkPin
 from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
-from pipeline.lake.types import ATTEMPT_COLUMN, MIRROR_LSN, quote_ident
+from pipeline.lake.types import ATTEMPT_COLUMN, MIRROR_LSN, frame_of_columns, quote_ident
 from pipeline.sources.base import Column, TableSchema
 from pipeline.window import ChunkEmission
 
@@ -63,7 +64,12 @@ def chunk(spark: Any, sink: DeltaSink, em: ChunkEmission, selected: list[tuple[A
     ``parts`` selects and held, written as the changelog files the pin of ``em`` for
     ``batch`` and ``attempt`` asks for (nothing committed)."""
     table = em.window.table
-    df = spark.createDataFrame(sorted(selected), ddl)
+    schema = StructType.fromDDL(ddl)
+    assert isinstance(schema, StructType)
+    ordered = sorted(selected)
+    # as Arrow, as a capture's rows come from the source: no Python worker processes
+    df = frame_of_columns(spark, schema, [[r[i] for r in ordered]
+                                          for i in range(len(schema.fields))])
     df = (df.repartitionByRange(parts, *key) if parts > 1 else df.coalesce(1)) \
         .sortWithinPartitions(*key)
     tagged = df.withColumn("_o", F.monotonically_increasing_id()).localCheckpoint()
@@ -151,21 +157,10 @@ def test_a_chunk_and_its_batch_are_written_without_python_worker_processes(
     sink.ensure_schema(SCHEMA)
     sink.write_table_batch(
         TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in range(1, 12)]), 1, {})
-    selected = named([i for i in range(1, 11) if i != 3])
-    held = (spark.createDataFrame(selected, "id INT, name STRING").coalesce(1)
-            .sortWithinPartitions("id").withColumn("_o", F.monotonically_increasing_id())
-            .localCheckpoint())  # what a capture holds: rows from the source, not Python
     monkeypatch.setattr(spark.sparkContext, "pythonExec", str(tmp_path / "no-such-python"))
-    em = _emission(TABLE, "w1", 500, {(7,)})
-    attempt = WriteAttempt()
-    pin = ChunkPin("w1", 2, attempt.id, 500, 0, em.commit_ts_ms, ((7,),))
-    files = write_chunk_files(spark, sink.layout.changelog(TABLE), source=sink.layout.source,
-                              table=TABLE, chunk=held, key=("id",), order_column="_o",
-                              offsets={0: 0}, selected=len(selected), pin=pin)
-    tb = TableBatch(TABLE, [], emissions=[em], chunks={"w1": files},
-                    coverage={"w1": KeyRange((0,), (10,))})
-    _, results = sink.write_table_batch(tb, 2, {}, attempt=attempt)
-    assert [(r.rows_emitted, r.rows_deleted) for r in results] == [(8, 1)]
+    selected = named([i for i in range(1, 11) if i != 3])
+    assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(7,)}), selected)],
+                coverage={"w1": KeyRange((0,), (10,))}) == [("w1", 8, 1)]
     mirror = {r["id"]: r["name"] for r in rows(spark, sink.layout.mirror(TABLE))}
     assert sorted(mirror) == [1, 2, 4, 5, 6, 7, 8, 9, 10, 11]  # 3 gone, 7 dropped, 11 outside
     assert mirror[7] == "n7" and mirror[1] == "r1"
