@@ -88,7 +88,8 @@ class TailConfig:
     selects the chunk again)."""
     pin_ahead_s: float = 10.0
     """How long a batch's log changes may wait while the tailer reads on and pins further
-    chunks (``TailOptions.pin_ahead_s``; 0: a batch holding log changes pins no more)."""
+    chunks into it (``TailOptions.pin_ahead_s``; 0: a batch holding log changes pins no
+    more); then it closes, and later chunks are pinned for the batch after it."""
     lag_warn_s: float = 60.0
     """The tail-lag asset check warns above this many seconds behind the source..."""
     lag_error_s: float = 600.0

@@ -131,9 +131,13 @@ class TailOptions:
     pin_ahead_s: float = TailConfig.pin_ahead_s
     """While a batch waits for its pinned chunks' files, the tailer reads on and pins the
     high watermarks it finds (the captures write those chunks meanwhile), until the
-    batch's first log change has waited this long: then it reads no further, and the batch
-    is written once the chunks pinned so far have their files. A log change waits for at
-    most about this long plus those chunks' writes, however long a capture goes on."""
+    batch's first log change has waited this long: then the batch closes, and is written
+    once the chunks pinned so far have their files, while the tailer reads on into the
+    next batch and pins the chunks after them for it. The next batch waits the same way,
+    and is written after the closed one; if it is due first, the tailer waits for the
+    closed one, reading nothing meanwhile. A log change waits for at most about this long
+    plus the writes of the chunks pinned in its batch and in the closed one before it,
+    however long a capture goes on."""
 
 
 @dataclass
@@ -179,7 +183,11 @@ class _Pinned:
     pin: ChunkPin
     range_key: tuple[str, str]
     before: Versioned[RangeProgress]
-    """The range's progress before this chunk (restored when the chunk is aborted)."""
+    """The range's progress before this chunk (its place in the range is restored when the
+    chunk is aborted)."""
+    advanced: RangeProgress
+    """The range's progress with this chunk emitted: the place in the range its batch
+    commits (:meth:`Tailer._flush`)."""
     covered: KeyRange | None
     """The key range the chunk's select read completely, if the mirror may hold a row in
     it (:meth:`coverage`)."""
@@ -213,6 +221,8 @@ class _Pending:
     window_updates: dict[str, WindowUpdate] = field(default_factory=dict)
     pinned: list[_Pinned] = field(default_factory=list)
     """Chunks pinned for this batch, in the order of their high watermarks."""
+    advanced: dict[tuple[str, str], RangeProgress] = field(default_factory=dict)
+    """Per capture range, its progress after the last chunk this batch emits (settled)."""
     files_looked_at: float = 0.0
     """When the tailer last looked for pinned chunks' files and found some missing."""
     first_change_at: float | None = None
@@ -269,6 +279,9 @@ class Tailer:
         self._window_docs: dict[str, WindowState] = {}
         self._lw_resume: dict[str, Mapping[str, Any]] = {}
         """Per open window seen by this run: where a restart must read from to see its LW."""
+        self._closed: list[_Pending] = []
+        """Batches cut but not written: they wait for their pinned chunks' files while the
+        log is read on into the next batch (at most one; written in order)."""
         self._settled: set[str] = set()
         """Windows this tailer emitted or aborted; a repeated high watermark (a restarted
         capture writes it again) must never reopen them, even before ZooKeeper shows it."""
@@ -408,6 +421,7 @@ class Tailer:
         self._window_docs.clear()
         self._lw_resume.clear()
         self._settled.clear()
+        self._closed.clear()
         self._replay_outcomes = None
         if reset_to_head:
             self._reset_to_head()
@@ -462,15 +476,15 @@ class Tailer:
             poll_s=self.options.poll_seconds,
         )
 
-        def cut_at(cut: Cut) -> bool:
-            """Write and commit the pending batch; True when enough batches were written."""
-            nonlocal committed, pending
-            pending.end, pending.end_position = dict(cut.native), cut.end
-            events = pending.events
-            committed = self._flush(pending, committed.value.batch + 1, committed, summary)
-            tables = set(pending.tables)  # with the pinned chunks' tables, settled in the flush
+        def write(batch: _Pending) -> bool:
+            """Write and commit a cut batch (the batch being built after it: ``pending``);
+            True when enough batches were written."""
+            nonlocal committed
+            events = batch.events
+            committed = self._flush(batch, committed.value.batch + 1, committed, summary,
+                                    later=pending)
+            tables = set(batch.tables)  # with the pinned chunks' tables, settled in the flush
             confirm_log(reader, self._log_needed_from(committed.value))
-            cutter.cut(cut, time.monotonic())
             self._note_unmerged(tables, events)
             assert self._merger is not None
             self._merger.check()
@@ -478,11 +492,41 @@ class Tailer:
                                                           time.time())):
                 self._request_merge(committed.value)
             self._replay_outcomes = None
-            pending = _Pending(start=dict(committed.value.source_position))
             if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                 self._expire_windows()
             self._maybe_maintain()
             return max_batches is not None and summary.batches >= max_batches
+
+        def write_closed(*, wait: bool) -> bool:
+            """Write the closed batch once its pinned chunks have their files (``wait``:
+            wait for them now, reading nothing meanwhile); True when enough batches were
+            written."""
+            if not self._closed or not (wait or self._pinned_files_ready(self._closed[0])):
+                return False
+            return write(self._closed.pop(0))
+
+        def cut_at(cut: Cut) -> bool:
+            """Cut the pending batch at ``cut``: write it now, or, while its pinned chunks'
+            files are missing, close it and read on into the next batch (whose high
+            watermarks are pinned meanwhile, so their captures write at once). True when
+            enough batches were written."""
+            nonlocal pending
+            pending.end, pending.end_position = dict(cut.native), cut.end
+            if write_closed(wait=True):
+                return True
+            wait_closed = (pending.pinned and not cutter.replaying
+                           and not self._pinned_files_ready(pending))
+            batch, pending = pending, _Pending(start=dict(cut.native))
+            if wait_closed:
+                log.info("batch closed at %s waits for %d pinned chunks' files; the log is "
+                         "read on into the next", cut.end, len(batch.pinned))
+                cutter.cut(cut, time.monotonic())
+                self._closed.append(batch)
+                return False
+            enough = write(batch)
+            cutter.cut(cut, time.monotonic())
+            pending.opened = time.monotonic()
+            return enough
 
         def due(cut: Cut | None) -> TypeGuard[Cut]:
             """Whether to make ``cut`` now. A batch holding pinned chunks waits for their
@@ -491,9 +535,12 @@ class Tailer:
             recorded end, a full batch and a batch whose log changes have waited
             ``pin_ahead_s`` close without them (then the write waits for the chunks pinned
             so far, and nothing more is read or pinned meanwhile)."""
-            return cut is not None and (cutter.replaying or cutter.full
-                                        or self._changes_waited(pending)
-                                        or self._pinned_files_ready(pending))
+            if cut is None:
+                return False
+            if self._closed:  # written after the closed batch: no sooner than it must
+                return cutter.full or self._changes_waited(pending)
+            return (cutter.replaying or cutter.full or self._changes_waited(pending)
+                    or self._pinned_files_ready(pending))
 
         try:
             while not stop.is_set():
@@ -501,8 +548,11 @@ class Tailer:
                     max_transactions=self.options.read_transactions,
                     # while captures write pinned chunks, look at their files often
                     max_wait_s=(min(self.options.poll_seconds, PINNED_POLL_S)
-                                if pending.pinned else self.options.poll_seconds),
+                                if pending.pinned or self._closed
+                                else self.options.poll_seconds),
                 )
+                if write_closed(wait=False):
+                    return self._finish(summary, committed.value)
                 for tx in txs:
                     resume = self.dialect.to_position(tx.resume)
                     if resume <= warm_until:
@@ -544,6 +594,7 @@ class Tailer:
                     if cut_at(cut):
                         return self._finish(summary, committed.value)
                 elif until_caught_up and not cutter.replaying and caught_up(here):
+                    write_closed(wait=True)
                     return self._finish(summary, committed.value)
                 if not cutter.replaying:
                     docs = self._refresh_windows()
@@ -861,7 +912,7 @@ class Tailer:
         )
         self._ranges[range_key] = Versioned(new, current.version)
         pending.pinned.append(_Pinned(
-            em, pin, range_key, current, covered,
+            em, pin, range_key, current, new, covered,
             deadline=time.monotonic() + self.options.chunk_files_timeout_s,
             mirror_check=mirror_check))
 
@@ -889,7 +940,8 @@ class Tailer:
             self.sink.ensure_schema(columns)
         elif not self.sink.known_columns(table):
             self.sink.ensure_schema(self.dialect.table_schema(table))
-        pin = ChunkPin(em.window.window_id, self._batch_no(), pending.attempt,
+        pin = ChunkPin(em.window.window_id, self._batch_no() + len(self._closed),
+                       pending.attempt,
                        em.position.lsn, em.position.seq, em.commit_ts_ms,
                        tuple(em.dropped_keys))
         self.state.check_leader()
@@ -928,10 +980,11 @@ class Tailer:
                     pinned.files = found
         return True
 
-    def _settle_pinned(self, pending: _Pending) -> None:
+    def _settle_pinned(self, pending: _Pending, later: _Pending | None = None) -> None:
         """Wait for the files of every chunk the batch pinned, in order, and add the chunks
         to the batch; a chunk whose files never come is aborted, and so is every later
-        chunk of its range (its range's progress goes back to before it)."""
+        chunk of its range, here and in the batch being built after it (``later``): the
+        range's place goes back to before it."""
         failed: set[tuple[str, str]] = set()
         for pinned in pending.pinned:
             wid = pinned.pin.window_id
@@ -948,7 +1001,7 @@ class Tailer:
             if isinstance(found, str):
                 if pinned.range_key not in failed:
                     failed.add(pinned.range_key)
-                    self._ranges[pinned.range_key] = pinned.before
+                    self._rewind_range(pinned)
                 if pinned.mirror_check is not None:
                     pinned.mirror_check.cancel()
                 pending.window_updates[wid] = WindowUpdate(wid, "aborted", detail=found)
@@ -960,10 +1013,28 @@ class Tailer:
             covered = pinned.coverage()
             if covered is not None:
                 batch.coverage[wid] = covered
+            pending.advanced[pinned.range_key] = pinned.advanced
             pending.window_updates[wid] = WindowUpdate(
                 wid, "emitted", extra={"rows_selected": found.selected,
                                        "position": pinned.emission.position.lsn})
         pending.pinned.clear()
+        if later is not None and failed:
+            for pinned in [p for p in later.pinned if p.range_key in failed]:
+                later.pinned.remove(pinned)
+                if pinned.mirror_check is not None:
+                    pinned.mirror_check.cancel()
+                later.window_updates[pinned.pin.window_id] = WindowUpdate(
+                    pinned.pin.window_id, "aborted",
+                    detail="out of order: the chunk before it was not emitted")
+
+    def _rewind_range(self, pinned: _Pinned) -> None:
+        """The range's place goes back to before the aborted chunk ``pinned``; its row
+        counts and version stay (batches written since the pin added to them)."""
+        current = self._ranges[pinned.range_key]
+        before = pinned.before.value
+        self._ranges[pinned.range_key] = Versioned(replace(
+            current.value, last_emitted_key=before.last_emitted_key,
+            chunks_emitted=before.chunks_emitted, done=before.done), current.version)
 
     def _await_files(self, pinned: _Pinned) -> ChunkFiles | str:
         """The capture's files for a pinned chunk (see :meth:`_files_now`)."""
@@ -1002,7 +1073,8 @@ class Tailer:
         return None
 
     def _batch_no(self) -> int:
-        """The number of the batch being built (the committed one's next)."""
+        """The number of the next batch to commit (the committed one's next); the batch
+        being built comes after the closed ones (:attr:`_closed`)."""
         found = self.state.get_position()
         assert found is not None
         return found.value.batch + 1
@@ -1086,10 +1158,13 @@ class Tailer:
         batch_no: int,
         committed: Versioned[PositionState],
         summary: TailSummary,
+        later: _Pending | None = None,
     ) -> Versioned[PositionState]:
+        """Write and commit ``pending`` as batch ``batch_no`` once its pinned chunks have
+        their files; ``later``: the batch being built after it (see :meth:`_settle_pinned`)."""
         assert pending.end is not None and pending.end_position is not None
         began = time.monotonic()
-        self._settle_pinned(pending)
+        self._settle_pinned(pending, later)
         self.state.check_leader()
         attempt = self._record_intent(pending, batch_no, committed)
         app_id = committed.value.txn_app_id(self.state.source)
@@ -1146,8 +1221,12 @@ class Tailer:
             elif update.status == "aborted":
                 report.aborted_windows.append(wid)
         for key in sorted(touched):
-            cur = self._ranges[key]
-            ranges.append(RangeUpdate(key[0], key[1], cur.value, cur.version))
+            # The range's place as of this batch's last chunk of it: the tailer may have
+            # pinned later chunks of the range for the batch after this one already.
+            cur, place = self._ranges[key], pending.advanced[key]
+            ranges.append(RangeUpdate(key[0], key[1], replace(
+                cur.value, last_emitted_key=place.last_emitted_key,
+                chunks_emitted=place.chunks_emitted, done=place.done), cur.version))
         crash_point("tail.after_delta")
         self.state.check_leader()
         new_state = PositionState(

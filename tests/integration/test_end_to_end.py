@@ -4,7 +4,11 @@ pandas replay of the changelog == source, no key goes back in position, and ever
 existed throughout unchanged was captured exactly once.
 
 Odd seeds run an insert-heavy workload (half the statements append rows after the largest
-key): the capture must still finish, since a range's upper bound is fixed when it starts."""
+key): the capture must still finish, since a range's upper bound is fixed when it starts.
+Seeds 2 and 3 of every four close a batch soon after it holds a log change
+(``tail.pin_ahead_s`` 1 s and 0), and the 2s write each chunk's files two seconds late:
+closed batches then wait for chunks' files while the tailer reads on and pins the next
+chunks for the batch after them."""
 
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ def run_with_deadline(capturer: Any, capture_id: str, seconds: float) -> list[An
 
 
 def test_concurrent_writes_capture_and_tail(
-    source_kit: SourceKit, spark: Any, tmp_path: Path, seed: int
+    source_kit: SourceKit, spark: Any, tmp_path: Path, seed: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db = source_kit.create(f"e2e_{seed}", accounts=1500, orders=1000, seed=seed)
     source = f"e2e-{seed}-{uuid.uuid4().hex[:6]}"
@@ -59,6 +64,21 @@ def test_concurrent_writes_capture_and_tail(
         # The 800-row and the last chunk are read by three selects at once, each over the
         # key range planned for it, while the writers change rows in all of them.
         data["capture"].update(read_partitions=3, read_partition_rows=100)
+        if seed % 4 >= 2:
+            # A batch holding a log change closes soon (seed 3 of four: at once), chunks'
+            # files or not: the tailer then reads on into the next batch, and pins the
+            # chunks after them, while the closed one waits for them.
+            data["tail"]["pin_ahead_s"] = 1.0 if seed % 4 == 2 else 0
+        if seed % 4 == 2:
+            from pipeline import capture as capture_module
+
+            write_files = capture_module.write_chunk_files
+
+            def late_files(*args: Any, **kwargs: Any) -> Any:
+                time.sleep(2.0)
+                return write_files(*args, **kwargs)
+
+            monkeypatch.setattr(capture_module, "write_chunk_files", late_files)
         config = parse_config(data)
         with open_runtime(config, spark=spark) as rt:
             bg = BackgroundTailer(rt.tailer()).start()
