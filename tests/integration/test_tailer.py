@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -350,48 +351,75 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
         assert len(reads) == 40 and sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
 
 
-def test_a_closed_batch_waits_for_its_chunk_while_the_next_batch_pins_the_chunk_after_it(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch holding a pinned chunk and a log change closes once the change has waited
-    ``pin_ahead_s``, and waits for the chunk's files; the tailer reads on meanwhile, and
-    the next chunk's high watermark is pinned for the next batch, so its capture can write
-    it at once (a tailer that read nothing while the batch waited pinned it only after
-    the first chunk's write). The closed batch is written while the next chunk's files
-    are still missing, and ZooKeeper's range progress then holds the first chunk only: a
-    crash there must not leave the second chunk counted as emitted while its rows are in
-    no commit. A log change after the second high watermark reaches the changelog in the
-    second chunk's commit or after it, never before."""
+@dataclass
+class _Queued:
+    """What :func:`_next_chunk_pinned_behind_a_closed_batch` sets up."""
+
+    rt: Any
+    conn: Any
+    db: str
+    table: TableId
+    capturer: Any
+    capture_id: str
+    range_id: str
+    first: Any
+    second: Any
+    stop_tailer: Callable[[], None]
+    errors: list[BaseException]
+
+    def status(self, wid: str) -> str | None:
+        found = self.rt.state.get_window(wid)
+        return None if found is None else found.value.status
+
+
+def wait_for(what: str, check: Callable[[], Any], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def _next_chunk_pinned_behind_a_closed_batch(
+    services: Endpoints, spark: Any, tmp_path: Path, prefix: str, server_id: int
+) -> Iterator[_Queued]:
+    """A new 40-row table and a tailer running with ``pin_ahead_s`` 1 s: a capture's first
+    20-row chunk selected and pinned, a log change (``v = -1`` at id 1) that waited long
+    enough to close the chunk's batch, and the second chunk selected and pinned for the
+    batch after it, neither chunk's files written. The tailer's errors are collected."""
     from dataclasses import replace
 
     from pipeline import handoff
 
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"ahead_{uuid.uuid4().hex[:8]}"
+    db = f"{prefix}_{uuid.uuid4().hex[:8]}"
     conn = make_table(services, db, 40)
-    config = one_table_config(services, tmp_path, db, 7505, chunk_size=20, poll_seconds=0.2)
+    config = one_table_config(services, tmp_path, db, server_id, chunk_size=20,
+                              poll_seconds=0.2)
     table = TableId(db, "t")
-
-    def status(wid: str) -> str | None:
-        found = rt.state.get_window(wid)
-        return None if found is None else found.value.status
-
-    def wait_for(what: str, check: Any, seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while not check():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
-
     try:
         with open_runtime(config, spark=spark) as rt:
             capturer, capture_id, range_id, upper, schema = plan_bounded_capture(rt, table)
             tailer = rt.tailer()
             tailer.options = replace(tailer.options, pin_ahead_s=1.0)
             stop = threading.Event()
-            tailing = threading.Thread(target=lambda: tailer.run(stop=stop))
+            errors: list[BaseException] = []
+
+            def tail() -> None:
+                try:
+                    tailer.run(stop=stop)
+                except BaseException as exc:  # noqa: BLE001 - the test looks at them
+                    errors.append(exc)
+
+            tailing = threading.Thread(target=tail)
             tailing.start()
             held: list[Any] = []
-            writers: list[threading.Thread] = []
+
+            def stop_tailer() -> None:
+                stop.set()
+                for h in held:  # a capture still holding rows gives them up
+                    handoff.release(rt.state, h.window_id)
+                tailing.join(timeout=60)
+
             try:
                 first, rows, last, _ = capturer._chunk(capture_id, range_id, table, schema,
                                                        None, upper, None, None, 20)
@@ -409,154 +437,145 @@ def test_a_closed_batch_waits_for_its_chunk_while_the_next_batch_pins_the_chunk_
                 wait_for("the second chunk's pin, while the first batch waits",
                          lambda: handoff.read_pin(rt.state, second.window_id) is not None,
                          seconds=20)
-                first_pin = handoff.read_pin(rt.state, first.window_id)
-                second_pin = handoff.read_pin(rt.state, second.window_id)
-                assert first_pin is not None and second_pin is not None
-                assert second_pin.batch == first_pin.batch + 1
-                assert status(first.window_id) == "registered"  # its files are not written
-                with conn.cursor() as cur:  # a change of the second chunk's, after its HW
-                    cur.execute(f"UPDATE {q(db)}.t SET v = -30 WHERE id = 30")  # noqa: S608
-                writers = [threading.Thread(target=capturer._write_held, args=(h,),
-                                            kwargs={"stop": None}) for h in held]
-                writers[0].start()
-                wait_for("the first chunk's emission",
-                         lambda: status(first.window_id) == "emitted")
-                assert status(second.window_id) == "registered"
-                progress = rt.state.get_range(capture_id, range_id)
-                assert progress is not None
-                assert (progress.value.last_emitted_key, progress.value.chunks_emitted,
-                        progress.value.rows_emitted, progress.value.done) == ((20,), 1, 20,
-                                                                              False)
-                time.sleep(1.5)  # the second batch waits for the second chunk's files
-                frame = changelog_frame(spark, rt.layout.changelog(table))
-                assert [r["v"] for r in frame[frame["op"] == "u"]["after"]] == [-1]
-                writers[1].start()
-                wait_for("the second chunk's emission",
-                         lambda: status(second.window_id) == "emitted")
-                wait_for("the second change", lambda: len(
-                    (f := changelog_frame(spark, rt.layout.changelog(table)))[f["op"] == "u"]
-                ) == 2)
+                yield _Queued(rt, conn, db, table, capturer, capture_id, range_id, first,
+                              second, stop_tailer, errors)
             finally:
-                stop.set()
-                for h in held:
-                    handoff.release(rt.state, h.window_id)
-                for w in writers:
-                    if w.ident is not None:  # started
-                        w.join(timeout=60)
-                tailing.join(timeout=60)
-            frame = assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
-            second_reads = frame[(frame["op"] == "r") & (frame["_dblog_window_id"]
-                                                         == second.window_id)]
-            change = frame[(frame["op"] == "u")
-                           & frame["after"].map(lambda a: a["id"] == 30)]
-            assert len(change) == 1
-            assert (change["_commit_version"].min()
-                    >= second_reads["_commit_version"].max())
-            updates = frame[frame["op"] == "u"]
-            assert sorted(r["v"] for r in updates["after"]) == [-30, -1]
+                stop_tailer()
             rt.state.delete("", recursive=True)
     finally:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
         conn.close()
+
+
+def test_a_closed_batch_waits_for_its_chunk_while_the_next_batch_pins_the_chunk_after_it(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holding a pinned chunk and a log change closes once the change has waited
+    ``pin_ahead_s``, and waits for the chunk's files; the tailer reads on meanwhile, and
+    the next chunk's high watermark is pinned for the next batch, so its capture can write
+    it at once (a tailer that read nothing while the batch waited pinned it only after
+    the first chunk's write). The closed batch is written while the next chunk's files
+    are still missing, and ZooKeeper's range progress then holds the first chunk only: a
+    crash there must not leave the second chunk counted as emitted while its rows are in
+    no commit. A log change after the second high watermark reaches the changelog in the
+    second chunk's commit or after it, never before."""
+    from pipeline import handoff
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "ahead",
+                                                  7505) as s:
+        rt, first, second = s.rt, s.first, s.second
+        first_pin = handoff.read_pin(rt.state, first.window_id)
+        second_pin = handoff.read_pin(rt.state, second.window_id)
+        assert first_pin is not None and second_pin is not None
+        assert second_pin.batch == first_pin.batch + 1
+        assert s.status(first.window_id) == "registered"  # its files are not written
+        with s.conn.cursor() as cur:  # a change of the second chunk's, after its HW
+            cur.execute(f"UPDATE {q(s.db)}.t SET v = -30 WHERE id = 30")  # noqa: S608
+        writers = [threading.Thread(target=s.capturer._write_held, args=(h,),
+                                    kwargs={"stop": None}) for h in (first, second)]
+        try:
+            writers[0].start()
+            wait_for("the first chunk's emission",
+                     lambda: s.status(first.window_id) == "emitted")
+            assert s.status(second.window_id) == "registered"
+            progress = rt.state.get_range(s.capture_id, s.range_id)
+            assert progress is not None
+            assert (progress.value.last_emitted_key, progress.value.chunks_emitted,
+                    progress.value.rows_emitted, progress.value.done) == ((20,), 1, 20, False)
+            time.sleep(1.5)  # the second batch waits for the second chunk's files
+            frame = changelog_frame(spark, rt.layout.changelog(s.table))
+            assert [r["v"] for r in frame[frame["op"] == "u"]["after"]] == [-1]
+            writers[1].start()
+            wait_for("the second chunk's emission",
+                     lambda: s.status(second.window_id) == "emitted")
+            wait_for("the second change", lambda: len(
+                (f := changelog_frame(spark, rt.layout.changelog(s.table)))[f["op"] == "u"]
+            ) == 2)
+        finally:
+            s.stop_tailer()
+            for w in writers:
+                if w.ident is not None:  # started
+                    w.join(timeout=60)
+        assert not s.errors, s.errors
+        frame = assert_both_chunks_emitted_once(rt, spark, s.table, s.capture_id,
+                                                s.range_id)
+        second_reads = frame[(frame["op"] == "r")
+                             & (frame["_dblog_window_id"] == second.window_id)]
+        change = frame[(frame["op"] == "u") & frame["after"].map(lambda a: a["id"] == 30)]
+        assert len(change) == 1
+        assert change["_commit_version"].min() >= second_reads["_commit_version"].max()
+        updates = frame[frame["op"] == "u"]
+        assert sorted(r["v"] for r in updates["after"]) == [-30, -1]
+
+
+def resume_capture(s: _Queued) -> None:
+    """Run the capture on to its end (it selects again what was aborted); fail if it
+    does not end."""
+    reports: list[Any] = []
+    resumed = threading.Thread(target=lambda: reports.extend(s.capturer.run(s.capture_id)),
+                               daemon=True)
+    resumed.start()
+    resumed.join(timeout=120)
+    assert not resumed.is_alive(), "the resumed capture did not end"
+    assert not s.errors, s.errors
+    assert [r.status for r in reports] == ["done"], reports
+
+
+def assert_every_row_read_once(s: _Queued, spark: Any) -> None:
+    progress = s.rt.state.get_range(s.capture_id, s.range_id)
+    assert progress is not None and progress.value.done
+    assert progress.value.rows_emitted == 40
+    frame = changelog_frame(spark, s.rt.layout.changelog(s.table))
+    reads = frame[frame["op"] == "r"]
+    assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
 
 
 def test_a_chunk_whose_files_never_come_aborts_its_range_in_the_batch_built_after_it(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first chunk's batch closed (a log change waited ``pin_ahead_s``) and the next
-    chunk of the range was pinned for the batch after it; then the capture holding the
-    first chunk dies before writing it. The first chunk is aborted when its batch is
-    written, and the second, pinned in the next batch and written by its capture, is
-    aborted too (a range's chunks are emitted in key order); the range's place goes back
-    to before the first while its counts and version stay those committed. The resumed
-    capture selects both again and every row is read into the changelog once."""
-    from dataclasses import replace
-
+    """The first chunk's batch closed and the next chunk of the range was pinned for the
+    batch after it; then the capture holding the first chunk dies before writing it. The
+    first chunk is aborted when its batch is written, and the second, pinned in the next
+    batch and written by its capture, is aborted too (a range's chunks are emitted in key
+    order); the range's place goes back to before the first. The resumed capture selects
+    both again and every row is read into the changelog once."""
     from pipeline import handoff
     from pipeline.verify import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"lostq_{uuid.uuid4().hex[:8]}"
-    conn = make_table(services, db, 40)
-    config = one_table_config(services, tmp_path, db, 7507, chunk_size=20, poll_seconds=0.2)
-    table = TableId(db, "t")
+    with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "lostq",
+                                                  7507) as s:
+        rt, first, second = s.rt, s.first, s.second
+        writer = threading.Thread(target=s.capturer._write_held, args=(second,),
+                                  kwargs={"stop": None})
+        writer.start()
+        try:
+            handoff.release(rt.state, first.window_id)  # its capture died holding it
+            statuses: list[Any] = []
 
-    def wait_for(what: str, check: Any, seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while not check():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
+            def both_settled() -> bool:
+                statuses[:] = [rt.state.get_window(h.window_id) for h in (first, second)]
+                return all(st is not None and st.value.status != "registered"
+                           for st in statuses)
 
-    try:
-        with open_runtime(config, spark=spark) as rt:
-            capturer, capture_id, range_id, upper, schema = plan_bounded_capture(rt, table)
-            tailer = rt.tailer()
-            tailer.options = replace(tailer.options, pin_ahead_s=1.0)
-            stop = threading.Event()
-            tailing = threading.Thread(target=lambda: tailer.run(stop=stop))
-            tailing.start()
-            writer: threading.Thread | None = None
-            try:
-                first, _, last, _ = capturer._chunk(capture_id, range_id, table, schema,
-                                                    None, upper, None, None, 20)
-                wait_for("the first chunk's pin",
-                         lambda: handoff.read_pin(rt.state, first.window_id) is not None)
-                with conn.cursor() as cur:
-                    cur.execute(f"UPDATE {q(db)}.t SET v = -1 WHERE id = 1")  # noqa: S608
-                time.sleep(2.0)  # longer than pin_ahead_s: the batch closes
-                second, _, last, _ = capturer._chunk(capture_id, range_id, table, schema,
-                                                     last, upper, None, None, 20)
-                assert last == (40,)
-                wait_for("the second chunk's pin",
-                         lambda: handoff.read_pin(rt.state, second.window_id) is not None,
-                         seconds=20)
-                writer = threading.Thread(target=capturer._write_held, args=(second,),
-                                          kwargs={"stop": None})
-                writer.start()
-                handoff.release(rt.state, first.window_id)  # its capture died holding it
-                statuses: list[Any] = []
-
-                def both_settled() -> bool:
-                    statuses[:] = [rt.state.get_window(h.window_id) for h in (first, second)]
-                    return all(s is not None and s.value.status != "registered"
-                               for s in statuses)
-
-                wait_for("both windows settled", both_settled)
-                assert [s.value.status for s in statuses] == ["aborted", "aborted"], statuses
-                assert "ended before writing" in (statuses[0].value.detail or "")
-                assert "out of order" in (statuses[1].value.detail or "")
-                writer.join(timeout=30)
-                progress = rt.state.get_range(capture_id, range_id)
-                assert progress is not None
-                assert (progress.value.chunks_emitted, progress.value.last_emitted_key,
-                        progress.value.rows_emitted) == (0, None, 0)
-                reports: list[Any] = []
-                resumed = threading.Thread(
-                    target=lambda: reports.extend(capturer.run(capture_id)), daemon=True)
-                resumed.start()
-                resumed.join(timeout=120)
-                assert not resumed.is_alive(), "the resumed capture's chunks keep being aborted"
-                assert [r.status for r in reports] == ["done"], reports
-                rt.wait_caught_up(lambda: None, timeout=120)
-                report = verify_table(rt.dialect, rt.sink, table)
-                assert report.ok, report.summary()
-            finally:
-                stop.set()
-                if writer is not None:
-                    writer.join(timeout=60)
-                tailing.join(timeout=60)
-            progress = rt.state.get_range(capture_id, range_id)
-            assert progress is not None and progress.value.done
-            assert progress.value.rows_emitted == 40
-            frame = changelog_frame(spark, rt.layout.changelog(table))
-            reads = frame[frame["op"] == "r"]
-            assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
-            rt.state.delete("", recursive=True)
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
-        conn.close()
+            wait_for("both windows settled", both_settled)
+            assert [st.value.status for st in statuses] == ["aborted", "aborted"], statuses
+            assert "ended before writing" in (statuses[0].value.detail or "")
+            assert "out of order" in (statuses[1].value.detail or "")
+        finally:
+            writer.join(timeout=60)
+        progress = rt.state.get_range(s.capture_id, s.range_id)
+        assert progress is not None
+        assert (progress.value.chunks_emitted, progress.value.last_emitted_key,
+                progress.value.rows_emitted) == (0, None, 0)
+        resume_capture(s)
+        rt.wait_caught_up(lambda: None, timeout=120)
+        report = verify_table(rt.dialect, rt.sink, s.table)
+        assert report.ok, report.summary()
+        s.stop_tailer()
+        assert_every_row_read_once(s, spark)
 
 
 def test_a_lost_chunk_pinned_behind_a_written_batch_sends_its_range_back_to_that_batch(
@@ -569,86 +588,21 @@ def test_a_lost_chunk_pinned_behind_a_written_batch_sends_its_range_back_to_that
     resumed capture selects the second chunk again and the tailer commits it (a tailer
     that restored the progress it saw at the pin would commit a stale range version and
     fail, or lose the first chunk's counts)."""
-    from dataclasses import replace
-
     from pipeline import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = f"backq_{uuid.uuid4().hex[:8]}"
-    conn = make_table(services, db, 40)
-    config = one_table_config(services, tmp_path, db, 7508, chunk_size=20, poll_seconds=0.2)
-    table = TableId(db, "t")
-
-    def status(wid: str) -> str | None:
-        found = rt.state.get_window(wid)
-        return None if found is None else found.value.status
-
-    def wait_for(what: str, check: Any, seconds: float = 60) -> None:
-        deadline = time.monotonic() + seconds
-        while not check():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
-
-    try:
-        with open_runtime(config, spark=spark) as rt:
-            capturer, capture_id, range_id, upper, schema = plan_bounded_capture(rt, table)
-            tailer = rt.tailer()
-            tailer.options = replace(tailer.options, pin_ahead_s=1.0)
-            stop = threading.Event()
-            errors: list[BaseException] = []
-
-            def tail() -> None:
-                try:
-                    tailer.run(stop=stop)
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    errors.append(exc)
-
-            tailing = threading.Thread(target=tail)
-            tailing.start()
-            try:
-                first, _, last, _ = capturer._chunk(capture_id, range_id, table, schema,
-                                                    None, upper, None, None, 20)
-                wait_for("the first chunk's pin",
-                         lambda: handoff.read_pin(rt.state, first.window_id) is not None)
-                with conn.cursor() as cur:
-                    cur.execute(f"UPDATE {q(db)}.t SET v = -1 WHERE id = 1")  # noqa: S608
-                time.sleep(2.0)  # longer than pin_ahead_s: the batch closes
-                second, _, last, _ = capturer._chunk(capture_id, range_id, table, schema,
-                                                     last, upper, None, None, 20)
-                wait_for("the second chunk's pin",
-                         lambda: handoff.read_pin(rt.state, second.window_id) is not None,
-                         seconds=20)
-                capturer._write_held(first, stop=None)
-                wait_for("the first chunk's emission",
-                         lambda: status(first.window_id) == "emitted")
-                handoff.release(rt.state, second.window_id)  # its capture died holding it
-                wait_for("the second chunk's abort",
-                         lambda: status(second.window_id) == "aborted")
-                progress = rt.state.get_range(capture_id, range_id)
-                assert progress is not None
-                assert (progress.value.chunks_emitted, progress.value.last_emitted_key,
-                        progress.value.rows_emitted, progress.value.done) == (1, (20,), 20,
-                                                                              False)
-                reports: list[Any] = []
-                resumed = threading.Thread(
-                    target=lambda: reports.extend(capturer.run(capture_id)), daemon=True)
-                resumed.start()
-                resumed.join(timeout=120)
-                assert not resumed.is_alive(), "the resumed capture did not end"
-                assert not errors, errors
-                assert [r.status for r in reports] == ["done"], reports
-            finally:
-                stop.set()
-                tailing.join(timeout=60)
-            assert not errors, errors
-            progress = rt.state.get_range(capture_id, range_id)
-            assert progress is not None and progress.value.done
-            assert progress.value.rows_emitted == 40
-            frame = changelog_frame(spark, rt.layout.changelog(table))
-            reads = frame[frame["op"] == "r"]
-            assert sorted(r["id"] for r in reads["after"]) == list(range(1, 41))
-            rt.state.delete("", recursive=True)
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {q(db)}")
-        conn.close()
+    with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "backq",
+                                                  7508) as s:
+        rt, first, second = s.rt, s.first, s.second
+        s.capturer._write_held(first, stop=None)
+        wait_for("the first chunk's emission", lambda: s.status(first.window_id) == "emitted")
+        handoff.release(rt.state, second.window_id)  # its capture died holding it
+        wait_for("the second chunk's abort", lambda: s.status(second.window_id) == "aborted")
+        progress = rt.state.get_range(s.capture_id, s.range_id)
+        assert progress is not None
+        assert (progress.value.chunks_emitted, progress.value.last_emitted_key,
+                progress.value.rows_emitted, progress.value.done) == (1, (20,), 20, False)
+        resume_capture(s)
+        s.stop_tailer()
+        assert not s.errors, s.errors
+        assert_every_row_read_once(s, spark)
