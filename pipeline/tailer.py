@@ -514,10 +514,10 @@ class Tailer:
             pending.end, pending.end_position = dict(cut.native), cut.end
             if write_closed(wait=True):
                 return True
-            wait_closed = (pending.pinned and not cutter.replaying
-                           and not self._pinned_files_ready(pending))
+            to_close = (pending.pinned and not cutter.replaying
+                        and not self._pinned_files_ready(pending))
             batch, pending = pending, _Pending(start=dict(cut.native))
-            if wait_closed:
+            if to_close:
                 log.info("batch closed at %s waits for %d pinned chunks' files; the log is "
                          "read on into the next", cut.end, len(batch.pinned))
                 cutter.cut(cut, time.monotonic())
@@ -533,8 +533,9 @@ class Tailer:
             files: the reader reads on meanwhile, and the high watermarks it finds are
             pinned too, so the captures write several chunks at once. A replayed batch's
             recorded end, a full batch and a batch whose log changes have waited
-            ``pin_ahead_s`` close without them (then the write waits for the chunks pinned
-            so far, and nothing more is read or pinned meanwhile)."""
+            ``pin_ahead_s`` are cut without them (:func:`cut_at` closes such a batch and
+            reads on into the next). While a batch is closed, the next is cut only when
+            full or its log changes have waited ``pin_ahead_s``."""
             if cut is None:
                 return False
             if self._closed:  # written after the closed batch: no sooner than it must
@@ -1031,10 +1032,8 @@ class Tailer:
         """The range's place goes back to before the aborted chunk ``pinned``; its row
         counts and version stay (batches written since the pin added to them)."""
         current = self._ranges[pinned.range_key]
-        before = pinned.before.value
-        self._ranges[pinned.range_key] = Versioned(replace(
-            current.value, last_emitted_key=before.last_emitted_key,
-            chunks_emitted=before.chunks_emitted, done=before.done), current.version)
+        self._ranges[pinned.range_key] = Versioned(
+            _placed(current.value, pinned.before.value), current.version)
 
     def _await_files(self, pinned: _Pinned) -> ChunkFiles | str:
         """The capture's files for a pinned chunk (see :meth:`_files_now`)."""
@@ -1223,10 +1222,9 @@ class Tailer:
         for key in sorted(touched):
             # The range's place as of this batch's last chunk of it: the tailer may have
             # pinned later chunks of the range for the batch after this one already.
-            cur, place = self._ranges[key], pending.advanced[key]
-            ranges.append(RangeUpdate(key[0], key[1], replace(
-                cur.value, last_emitted_key=place.last_emitted_key,
-                chunks_emitted=place.chunks_emitted, done=place.done), cur.version))
+            cur = self._ranges[key]
+            ranges.append(RangeUpdate(key[0], key[1],
+                                      _placed(cur.value, pending.advanced[key]), cur.version))
         crash_point("tail.after_delta")
         self.state.check_leader()
         new_state = PositionState(
@@ -1257,6 +1255,13 @@ class Tailer:
         if self.on_batch is not None:
             self.on_batch(report)
         return Versioned(new_state, result.position_version)
+
+
+def _placed(progress: RangeProgress, at: RangeProgress) -> RangeProgress:
+    """``progress`` (its row counts) at the place in its range ``at`` holds: the last key
+    emitted, the chunks emitted and whether the range is done."""
+    return replace(progress, last_emitted_key=at.last_emitted_key,
+                   chunks_emitted=at.chunks_emitted, done=at.done)
 
 
 def _retry_conflicts(attempt: Callable[[], CommitResult], still_ours: Callable[[], bool]
