@@ -1,5 +1,5 @@
-"""Small helpers the integration tests share: scratch databases and the `dblog` command in a
-subprocess (so a crash point can SIGKILL it)."""
+"""Small helpers the integration tests share: scratch databases, the `dblog` command in a
+subprocess (so a crash point can SIGKILL it) and polling for a condition."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import os
 import random
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,16 @@ def execute(ep: Endpoints, db: str, *statements: str) -> None:
         for statement in statements:
             cur.execute(statement)
     conn.close()
+
+
+def wait_for(what: str, done: Callable[[], object], timeout: float = 60.0,
+             poll: float = 0.05) -> None:
+    """Poll ``done()`` every ``poll`` seconds until it is true; fail, naming ``what``, after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
 
 
 def run_dblog(config: Path, *args: str, password: str, fault: str | None = None

@@ -20,16 +20,10 @@ from pipeline.follow import FollowSummary, tail_following_config
 from pipeline.runtime import open_runtime
 from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.helpers import wait_for
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
-
-def wait_for(what: str, done: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
 
 def test_a_table_added_to_the_config_is_tailed_without_gap_or_duplicate(
     source_kit: SourceKit, spark: Any, tmp_path: Path
@@ -74,13 +68,14 @@ def _follow(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str, source: 
             path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.accounts",
                                                                f"{db}.no_such_table"]}))
             wait_for("the notice about the missing table",
-                     lambda: any("no_such_table" in n for n in notices))
+                     lambda: any("no_such_table" in n for n in notices), timeout=120, poll=0.2)
             alive()
 
             path.write_text(yaml.safe_dump({**data, "tables": [f"{db}.accounts",
                                                                f"{db}.orders"]}))
-            wait_for("the switch to two tables", lambda: any("added: " + f"{db}.orders" in n
-                                                             for n in notices))
+            wait_for("the switch to two tables",
+                     lambda: any("added: " + f"{db}.orders" in n for n in notices),
+                     timeout=120, poll=0.2)
             second = capturer.run(capturer.plan(CaptureRequest((TableId(db, "orders"),))))
             assert [r.status for r in second] == ["done"]
             time.sleep(1.0)
