@@ -20,6 +20,7 @@ from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from tests.integration.checks import changelog_frame
+from tests.integration.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -372,13 +373,6 @@ class _Queued:
         return None if found is None else found.value.status
 
 
-def wait_for(what: str, check: Callable[[], Any], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @contextmanager
 def _next_chunk_pinned_behind_a_closed_batch(
     services: Endpoints, spark: Any, tmp_path: Path, prefix: str, server_id: int
@@ -436,7 +430,7 @@ def _next_chunk_pinned_behind_a_closed_batch(
                 assert rows == 20 and last == (40,)
                 wait_for("the second chunk's pin, while the first batch waits",
                          lambda: handoff.read_pin(rt.state, second.window_id) is not None,
-                         seconds=20)
+                         timeout=20)
                 yield _Queued(rt, conn, db, table, capturer, capture_id, range_id, first,
                               second, stop_tailer, errors)
             finally:
@@ -606,3 +600,68 @@ def test_a_lost_chunk_pinned_behind_a_written_batch_sends_its_range_back_to_that
         s.stop_tailer()
         assert not s.errors, s.errors
         assert_every_row_read_once(s, spark)
+
+
+def test_a_tailer_killed_right_after_a_closed_batch_commits_loses_no_chunk_pinned_after_it(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tailer dies (a raised ``_Crash`` stands for kill -9) right after the closed
+    batch's ZooKeeper commit, while the batch after it holds the second chunk's pin and
+    that chunk's files are not written; the capture holding them dies with the process.
+    Restarted (a new tailer, the capture resumed: it selects the second chunk again), every
+    row is read into the changelog once and both log changes are in it once. A tailer that
+    committed its look-ahead with the closed batch would leave the second chunk counted as
+    emitted with its rows in no commit: the resumed capture would end without them."""
+    from pipeline import handoff
+    from pipeline.tailer import Tailer
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    dies_after: set[str] = set()
+    commit = Tailer._commit
+
+    def commit_then_die(self: Any, *args: Any) -> Any:
+        result = commit(self, *args)
+        if any(w.window_id in dies_after and w.status == "emitted" for w in args[-1]):
+            dies_after.clear()
+            raise _Crash
+        return result
+
+    monkeypatch.setattr(Tailer, "_commit", commit_then_die)
+    with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "killq",
+                                                  7509) as s:
+        rt, first, second = s.rt, s.first, s.second
+        with s.conn.cursor() as cur:  # a change of the second chunk's, after its HW
+            cur.execute(f"UPDATE {q(s.db)}.t SET v = -30 WHERE id = 30")  # noqa: S608
+        dies_after.add(first.window_id)
+        s.capturer._write_held(first, stop=None)
+        wait_for("the tailer's death", lambda: bool(s.errors))
+        assert [type(e) for e in s.errors] == [_Crash], s.errors
+        assert (s.status(first.window_id), s.status(second.window_id)) == (
+            "emitted", "registered")
+        handoff.release(rt.state, second.window_id)  # the capture died with the process
+        progress = rt.state.get_range(s.capture_id, s.range_id)
+        assert progress is not None
+        assert (progress.value.last_emitted_key, progress.value.chunks_emitted,
+                progress.value.rows_emitted, progress.value.done) == ((20,), 1, 20, False)
+        s.errors.clear()
+        stop = threading.Event()
+
+        def tail_again() -> None:
+            try:
+                rt.tailer().run(stop=stop)
+            except BaseException as exc:  # noqa: BLE001 - the test looks at them
+                s.errors.append(exc)
+
+        restarted = threading.Thread(target=tail_again)
+        restarted.start()
+        try:
+            resume_capture(s)
+            rt.wait_caught_up(lambda: None, timeout=120)
+        finally:
+            stop.set()
+            restarted.join(timeout=60)
+        assert not s.errors, s.errors
+        assert_every_row_read_once(s, spark)
+        frame = changelog_frame(spark, rt.layout.changelog(s.table))
+        updates = frame[frame["op"] == "u"]
+        assert sorted(r["v"] for r in updates["after"]) == [-30, -1]
