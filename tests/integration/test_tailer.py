@@ -294,6 +294,21 @@ def test_the_mirror_check_of_a_pinned_chunk_runs_while_the_log_is_read_on(
         assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
 
 
+def assert_lost_chunk_and_the_next_aborted(rt: Any, first: Any, second: Any) -> None:
+    """Wait until both held chunks' windows are settled: the first aborted as its capture
+    ended before writing it, the second as out of order behind it."""
+    statuses: list[Any] = []
+
+    def both_settled() -> bool:
+        statuses[:] = [rt.state.get_window(h.window_id) for h in (first, second)]
+        return all(st is not None and st.value.status != "registered" for st in statuses)
+
+    wait_for("both windows settled", both_settled)
+    assert [st.value.status for st in statuses] == ["aborted", "aborted"], statuses
+    assert "ended before writing" in (statuses[0].value.detail or "")
+    assert "out of order" in (statuses[1].value.detail or "")
+
+
 def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_range(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -317,16 +332,7 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
         tailing = threading.Thread(target=lambda: rt.tailer().run(stop=stop))
         tailing.start()
         try:
-            deadline = time.monotonic() + 60
-            statuses: list[Any] = []
-            while time.monotonic() < deadline:
-                statuses = [rt.state.get_window(h.window_id) for h in (first, second)]
-                if all(s is not None and s.value.status != "registered" for s in statuses):
-                    break
-                time.sleep(0.1)
-            assert [s.value.status for s in statuses] == ["aborted", "aborted"], statuses
-            assert "ended before writing" in (statuses[0].value.detail or "")
-            assert "out of order" in (statuses[1].value.detail or "")
+            assert_lost_chunk_and_the_next_aborted(rt, first, second)
             writer.join(timeout=30)
             progress = rt.state.get_range(capture_id, range_id)
             assert progress is not None and progress.value.chunks_emitted == 0
@@ -373,6 +379,21 @@ class _Queued:
         return None if found is None else found.value.status
 
 
+def start_tailing(tailer: Any, stop: threading.Event, errors: list[BaseException]
+                  ) -> threading.Thread:
+    """``tailer`` running in a thread of its own until ``stop``; what it raises is added to
+    ``errors``."""
+    def tail() -> None:
+        try:
+            tailer.run(stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at them
+            errors.append(exc)
+
+    tailing = threading.Thread(target=tail)
+    tailing.start()
+    return tailing
+
+
 @contextmanager
 def _next_chunk_pinned_behind_a_closed_batch(
     services: Endpoints, spark: Any, tmp_path: Path, prefix: str, server_id: int
@@ -397,15 +418,7 @@ def _next_chunk_pinned_behind_a_closed_batch(
             tailer.options = replace(tailer.options, pin_ahead_s=1.0)
             stop = threading.Event()
             errors: list[BaseException] = []
-
-            def tail() -> None:
-                try:
-                    tailer.run(stop=stop)
-                except BaseException as exc:  # noqa: BLE001 - the test looks at them
-                    errors.append(exc)
-
-            tailing = threading.Thread(target=tail)
-            tailing.start()
+            tailing = start_tailing(tailer, stop, errors)
             held: list[Any] = []
 
             def stop_tailer() -> None:
@@ -547,17 +560,7 @@ def test_a_chunk_whose_files_never_come_aborts_its_range_in_the_batch_built_afte
         writer.start()
         try:
             handoff.release(rt.state, first.window_id)  # its capture died holding it
-            statuses: list[Any] = []
-
-            def both_settled() -> bool:
-                statuses[:] = [rt.state.get_window(h.window_id) for h in (first, second)]
-                return all(st is not None and st.value.status != "registered"
-                           for st in statuses)
-
-            wait_for("both windows settled", both_settled)
-            assert [st.value.status for st in statuses] == ["aborted", "aborted"], statuses
-            assert "ended before writing" in (statuses[0].value.detail or "")
-            assert "out of order" in (statuses[1].value.detail or "")
+            assert_lost_chunk_and_the_next_aborted(rt, first, second)
         finally:
             writer.join(timeout=60)
         progress = rt.state.get_range(s.capture_id, s.range_id)
@@ -645,15 +648,7 @@ def test_a_tailer_killed_right_after_a_closed_batch_commits_loses_no_chunk_pinne
                 progress.value.rows_emitted, progress.value.done) == ((20,), 1, 20, False)
         s.errors.clear()
         stop = threading.Event()
-
-        def tail_again() -> None:
-            try:
-                rt.tailer().run(stop=stop)
-            except BaseException as exc:  # noqa: BLE001 - the test looks at them
-                s.errors.append(exc)
-
-        restarted = threading.Thread(target=tail_again)
-        restarted.start()
+        restarted = start_tailing(rt.tailer(), stop, s.errors)
         try:
             resume_capture(s)
             rt.wait_caught_up(lambda: None, timeout=120)
