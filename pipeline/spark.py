@@ -8,6 +8,7 @@ exactly those files on the driver and executor class paths.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,8 +113,14 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    conf = spark_conf(master=master, extra=extra, jars=jars)
+    if conf["spark.master"].startswith("local"):
+        # A local session's Python workers run on this machine: with this interpreter, not
+        # whatever `python3` is first on PATH (PySpark's default when PYSPARK_PYTHON is unset;
+        # it reads no Spark setting for it outside spark-submit).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
-    for key, value in spark_conf(master=master, extra=extra, jars=jars).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("DBLOG_SPARK_LOG_LEVEL", "ERROR"))

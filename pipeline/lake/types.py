@@ -140,10 +140,11 @@ def frame_of_columns(spark: SparkSession, schema: T.StructType,
                      columns: Sequence[Sequence[Any]]) -> DataFrame:
     """A small DataFrame of ``schema`` from Python values (one sequence per column), sent to
     Spark as Arrow. ``createDataFrame`` of Python rows has Spark run its Python worker
-    processes with ``$PYSPARK_PYTHON`` or ``python3`` from ``PATH``, not this interpreter: a
-    machine whose ``python3`` is another version fails the job, and the workers cost a
-    process start. The values must already be of the columns' types: callers run
-    :func:`coerce` where a lake type asks for it."""
+    processes with ``$PYSPARK_PYTHON`` or ``python3`` from ``PATH`` (a local session of
+    :func:`pipeline.spark.build_spark_session` sets the former to this interpreter, a
+    cluster's executors do not): a machine whose ``python3`` is another version fails the
+    job, and the workers cost a process start. The values must already be of the columns'
+    types: callers run :func:`coerce` where a lake type asks for it."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
