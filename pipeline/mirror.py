@@ -88,6 +88,11 @@ class MirrorMerger:
                 self._cond.wait()
             self._raise_failure()
 
+    def idle(self) -> bool:
+        """Whether no merge is running and none is waiting to start."""
+        with self._cond:
+            return self._request is None and not self._busy
+
     def close(self, timeout: float = 600.0) -> None:
         """Stop after the merge running now (requests not started are dropped: the next
         tailer merges from the mirror's own record)."""

@@ -131,31 +131,35 @@ def register_window(rt: Any, table: TableId) -> Any:
 
 
 @contextmanager
-def tailing(rt: Any) -> Iterator[list[BaseException]]:
-    """A tailer running in a thread; what it raised, checked again when it stops."""
+def tailing(rt: Any, tailer: Any = None) -> Iterator[list[BaseException]]:
+    """A tailer (``rt``'s new one unless given) running in a thread; what it raised, checked
+    again when it stops."""
     stop = threading.Event()
     failures: list[BaseException] = []
+    tailer = tailer or rt.tailer()
 
     def tail() -> None:
         try:
-            rt.tailer().run(stop=stop)
+            tailer.run(stop=stop)
         except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
             failures.append(exc)
 
-    tailer = threading.Thread(target=tail, name="test-tailer")
-    tailer.start()
+    thread = threading.Thread(target=tail, name="test-tailer")
+    thread.start()
     try:
         yield failures
     finally:
         stop.set()
-        tailer.join(60)
+        thread.join(60)
     assert not failures, failures
 
 
-def wait_until(done: Callable[[], bool], failures: list[BaseException]) -> None:
+def wait_until(done: Callable[[], bool], failures: list[BaseException],
+               what: str = "the condition") -> None:
     deadline = time.monotonic() + 60
     while not done():
-        assert not failures and time.monotonic() < deadline, failures
+        assert not failures, failures
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
 
@@ -219,18 +223,29 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
             finally:
                 conn.close()
 
+        def merger_idle() -> bool:
+            merger = tailer._merger  # noqa: SLF001 - the run's own merger
+            return merger is not None and merger.idle()
+
         writer = threading.Thread(target=write)
         writer.start()
+        tailer = rt.tailer()
         try:
-            with tailing(rt) as failures:
+            with tailing(rt, tailer) as failures:
                 start = mirror_batch(rt)
                 wait_until(lambda: mirror_batch(rt) >= start + 2, failures)  # every 0.5 s
                 window = register_window(rt, table)
-                time.sleep(8.0)  # a merge already running ends
+                # Merges decided before the registration end (one running and one waiting
+                # at most; a slow merge takes seconds), and none may start after it.
+                idle = "no merge running or waiting (merging on while a window is open?)"
+                wait_until(merger_idle, failures, idle)
+                time.sleep(1.0)
+                wait_until(merger_idle, failures, idle)
                 settled = mirror_batch(rt)
-                time.sleep(5.0)
+                time.sleep(5.0)  # ten times mirror_every_s
                 assert not failures, failures
-                assert mirror_batch(rt) == settled, "merged while a registered window was open"
+                assert merger_idle() and mirror_batch(rt) == settled, (
+                    "merged while a registered window was open")
                 writing.set()
                 rt.dialect.write_watermark(window.low)
                 rt.dialect.write_watermark(window.high)  # no chunk described: aborted

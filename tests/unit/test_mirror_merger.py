@@ -21,25 +21,31 @@ def at(batch: int) -> PositionState:
 
 
 def test_requests_during_a_merge_fold_into_one_with_every_table() -> None:
-    started, release = threading.Event(), threading.Event()
+    started, release = threading.Semaphore(0), threading.Semaphore(0)
     merges: list[tuple[int, frozenset[TableId]]] = []
 
     def merge(committed: PositionState, tables: frozenset[TableId]) -> None:
         merges.append((committed.batch, tables))
-        started.set()
-        release.wait(10)
+        started.release()
+        assert release.acquire(timeout=10)
 
     merger = MirrorMerger(merge)
     try:
+        assert merger.idle()
         merger.request(at(1), frozenset({A}))
-        assert started.wait(10)
+        assert started.acquire(timeout=10)
+        assert not merger.idle()  # a merge running
         merger.request(at(2), frozenset({B}))
         merger.request(at(3), frozenset({C}))
-        release.set()
+        release.release()
+        assert started.acquire(timeout=10)
+        assert not merger.idle()  # the folded request running
+        release.release()
         merger.wait()
+        assert merger.idle()
         assert merges == [(1, frozenset({A})), (3, frozenset({B, C}))]
     finally:
-        release.set()
+        release.release(2)
         merger.close()
 
 
