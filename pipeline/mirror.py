@@ -84,14 +84,17 @@ class MirrorMerger:
     def wait(self) -> None:
         """Until every request so far is merged (raises the merge's failure)."""
         with self._cond:
-            while (self._request is not None or self._busy) and self._error is None:
+            while not self._idle() and self._error is None:
                 self._cond.wait()
             self._raise_failure()
 
     def idle(self) -> bool:
         """Whether no merge is running and none is waiting to start."""
         with self._cond:
-            return self._request is None and not self._busy
+            return self._idle()
+
+    def _idle(self) -> bool:
+        return self._request is None and not self._busy
 
     def close(self, timeout: float = 600.0) -> None:
         """Stop after the merge running now (requests not started are dropped: the next
