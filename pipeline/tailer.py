@@ -370,11 +370,14 @@ class Tailer:
 
     # ---- the loop ---------------------------------------------------------------------
 
-    def _initial_position(self) -> Versioned[PositionState]:
+    def _initial_position(self, head: Mapping[str, Any] | None = None
+                          ) -> Versioned[PositionState]:
+        """The committed position; without one, the head of the log (``head``, when read
+        already) is committed as the start."""
         found = self.state.get_position()
         if found is not None:
             return found
-        head = self.dialect.head_position()
+        head = head if head is not None else self.dialect.head_position()
         start = PositionState(self.dialect.to_position(head), dict(head), batch=0,
                               generation=new_generation())
         self.state.commit_batch(start, None, clear_intent=False)
@@ -423,11 +426,21 @@ class Tailer:
         self._settled.clear()
         self._closed.clear()
         self._replay_outcomes = None
+        head: Mapping[str, Any] | None = None
+        if reset_to_head or self.state.get_position() is None:
+            # Starting at the head of the log: checked against the lake before anything
+            # is written (ZooKeeper's position included).
+            head = self.dialect.head_position()
+            self._refuse_a_head_behind_the_lake(head)
         if reset_to_head:
-            self._reset_to_head()
-        committed = self._initial_position()
+            assert head is not None
+            self._reset_to_head(head)
+        committed = self._initial_position(head)
+        starts_over = head is not None
+        if starts_over:
+            self._merge_before_the_gap(committed.value)
         # A crash may have left any mirror behind its changelog: every table is looked at.
-        self._unmerged = set(self.tables)
+        self._unmerged = set() if starts_over else set(self.tables)
         self._unmerged_since, self._unmerged_events = time.monotonic(), 0
         found_doc = self.state.get(MIRROR_DOC)
         self._mirror_doc_lsn = int(found_doc.value["lsn"]) if found_doc is not None else None
@@ -721,19 +734,50 @@ class Tailer:
             log.info("maintenance: %s", self.sink.maintain(table).summary())
         self._last_maintenance = time.monotonic()
 
-    def _reset_to_head(self) -> None:
-        """Start over at the head of the log (after a purged log; a capture then restores
-        the full state): a new generation of batch numbers, no pending batch, no open
-        window. Runs under the tailer lock."""
+    def _reset_to_head(self, head: Mapping[str, Any]) -> None:
+        """Start over at ``head``, the head of the log (after a purged log; a capture then
+        restores the full state): a new generation of batch numbers, no pending batch, no
+        open window. Runs under the tailer lock."""
         self.state.clear_batch_intent()
         aborted = self.state.abort_open_windows(None, "the tailer was reset to the head")
-        head = self.dialect.head_position()
         new = PositionState(self.dialect.to_position(head), dict(head), batch=0,
                             generation=new_generation())
         current = self.state.get_position()
         self.state.put_position(new, current.version if current is not None else ABSENT)
         log.warning("position reset to the head %s (generation %s); %d open windows aborted",
                     dict(head), new.generation, len(aborted))
+
+    def _refuse_a_head_behind_the_lake(self, head: Mapping[str, Any]) -> None:
+        """Stop with what to do when the lake holds a change positioned after ``head``, the
+        head of the log a run would start at: the log was reset (``RESET MASTER``, a source
+        rebuilt from a backup) or is another server's, and its positions begin again below
+        the lake's. Every change read from it would then lose to the lake's older rows,
+        which win by position in the mirror and in every reader of the changelog."""
+        at = self.dialect.to_position(head)
+        ahead = [str(t) for t in self.tables if self.sink.holds_changes_after(t, at.lsn)]
+        if ahead:
+            raise DblogError(
+                f"the head of the log of {self.state.source} ({dict(head)}) is behind changes "
+                f"the lake already holds for {', '.join(ahead)}: the log was reset or belongs "
+                "to another server, and the lake orders changes by log position, so no change "
+                "read from this log could replace them. Give the source a new lake (a new "
+                "`lake` path, or a new source name for a new ZooKeeper state too), then run "
+                "`dblog tail --from-head` and `dblog capture`")
+
+    def _merge_before_the_gap(self, committed: PositionState) -> None:
+        """A run that starts at the head of the log (``--from-head``, or no stored position)
+        never reads what the log held between the lake's last batch and the head: merge
+        every changelog row written before it into the mirrors first.
+
+        A capture then restores the full state: a chunk deletes the keys in its range the
+        lake holds and the source lacks, found in the mirror (:meth:`DeltaSink.mirror_holds`,
+        the coverage deletes). Without a gap that is every such key, since a key added by
+        a changelog row the mirror lacks still exists or a later log change says it went.
+        Across a gap it is not: a key the changelog added and the gap deleted would stay in
+        the lake for good had its row not been merged."""
+        tables = frozenset(t for t in self.tables if self.sink.known_columns(t))
+        if tables:
+            self._merge_mirrors(committed, tables)
 
     def _pending_replay(self, committed: Versioned[PositionState]) -> Cut | None:
         """The recorded batch to rebuild exactly, if the last run crashed while writing it."""

@@ -844,9 +844,11 @@ class DeltaSink:
 
         A mirror without one then never has a row a chunk of that range can prove gone:
         a merge that lands later only adds rows of keys the chunk holds, was told of
-        (dropped, changed before its high watermark) or saw deleted. So the tailer may
-        ask at any time between the chunk's pin and its batch's write: it asks in a thread
-        of its own while the capture writes the chunk's files."""
+        (dropped, changed before its high watermark) or saw deleted, since every
+        changelog row from before a gap in the log is merged before the tailer reads past
+        it (``Tailer._merge_before_the_gap``). So the tailer may ask at any time between
+        the chunk's pin and its batch's write: it asks in a thread of its own while the
+        capture writes the chunk's files."""
         columns = self.known_columns(table)
         if not columns or not self._exists(self.layout.mirror(table)):
             return False
@@ -858,6 +860,14 @@ class DeltaSink:
         # key statistics admit the range are read: a capture into new keys reads none.
         txn = DeltaTxn(self.spark, path)
         return bool(txn.file_count) and txn.rows_exist_where(in_range)
+
+    def holds_changes_after(self, table: TableId, lsn: int) -> bool:
+        """Whether ``table``'s changelog holds a row positioned after ``lsn`` (only the files
+        whose statistics admit one are read)."""
+        path = self.layout.changelog(table)
+        if not self._exists(path):
+            return False
+        return DeltaTxn(self.spark, path).rows_exist_where(F.col("_dblog_lsn") > F.lit(lsn))
 
     def _truncated_unmerged(self, table: TableId) -> bool:
         """Whether a changelog row the mirror has not merged yet truncates the table."""

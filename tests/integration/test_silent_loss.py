@@ -3,6 +3,7 @@ services, each must now recover exactly or stop with a clear error."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -92,6 +93,102 @@ def test_tail_from_head_keeps_every_later_change(
             rt.tailer().run(until_caught_up=True)
             report = verify_table(rt.dialect, rt.sink, TableId(db, "t"))
             assert report.ok, report.summary()
+            rt.state.delete("", recursive=True)
+
+
+def test_a_capture_after_tail_from_head_deletes_keys_the_gap_took_that_the_mirror_lacked(
+    source_kit: SourceKit, spark: Any, tmp_path: Path
+) -> None:
+    """``tail --from-head`` never reads the log between the old position and the head, so
+    the capture after it must delete every key the lake holds and the source lost in that
+    gap. A chunk's deletes were computed from the mirror alone: a key whose insert was in
+    the changelog but not yet merged when the gap took it stayed in the lake for good."""
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import CaptureRequest
+    from pipeline.handoff import chunk_path
+
+    db = source_kit.simple_table("loss", 0)
+    table = TableId(db, "t")
+    with source_kit.cleaned(db, "loss") as source:
+        cfg = loss_config(source_kit, tmp_path, db, source)
+        with open_runtime(load_config(cfg), spark=spark) as rt:
+            def mirror_ids() -> set[int]:
+                return {r["id"] for r in spark.read.format("delta")
+                        .load(rt.layout.mirror(table)).collect()}
+
+            rt.tailer().run(until_caught_up=True)
+            source_kit.run_sql(db, "INSERT INTO {t} VALUES (1, 'v1'), (2, 'v2')")
+            rt.tailer().run(until_caught_up=True)  # merged
+            source_kit.run_sql(db, "INSERT INTO {t} VALUES (3, 'v3'), (4, 'v4')")
+            rt.tailer().run(until_caught_up=True, merge_at_end=False)
+            assert mirror_ids() == {1, 2}  # 3 and 4 are in the changelog only
+            source_kit.run_sql(db, "DELETE FROM {t} WHERE id IN (2, 4)")  # the gap
+            rt.tailer().run(until_caught_up=True, reset_to_head=True, merge_at_end=False)
+
+            # The capture's window is open before the tailer starts, as when `dblog
+            # capture` follows `dblog tail --from-head` at once: no merge comes first.
+            capturer = rt.capturer()
+            capture_id = capturer.plan(CaptureRequest((table,)))
+            stop = threading.Event()
+
+            def stop_once_a_chunk_is_held() -> None:
+                ends = time.monotonic() + 120
+                while time.monotonic() < ends and not any(
+                        rt.state.get(chunk_path(w.value.window.window_id)) is not None
+                        for w in rt.state.list_windows()):
+                    time.sleep(0.05)
+                stop.set()
+
+            stopper = threading.Thread(target=stop_once_a_chunk_is_held, daemon=True)
+            stopper.start()
+            assert [r.status for r in capturer.run(capture_id, stop=stop)] == ["stopped"]
+            stopper.join(130)
+            with BackgroundTailer(rt.tailer()) as bg:
+                capturer = rt.capturer()
+                capturer.health_check = bg.check
+                reports = capturer.run(capture_id, stop=threading.Event())
+                assert [r.status for r in reports] == ["done"], reports
+            rt.tailer().run(until_caught_up=True)
+            assert mirror_ids() == {1, 3}
+            report = verify_table(rt.dialect, rt.sink, table)
+            assert report.ok, report.summary()
+            rt.state.delete("", recursive=True)
+
+
+def test_a_log_that_starts_again_behind_the_lake_is_refused_with_what_to_do(
+    source_kit: SourceKit, spark: Any, tmp_path: Path
+) -> None:
+    """After ``RESET MASTER`` (or a source rebuilt from a backup) the log's positions start
+    again below the lake's, and the tailer's message for a position gone from the server
+    says to run ``tail --from-head``: every change read then lost to the lake's older rows,
+    which win by position. ``tail --from-head``, and a first run after ZooKeeper's state
+    was lost, now refuse such a log and change nothing."""
+    from pyspark.sql import functions as F
+
+    from pipeline.errors import DblogError
+
+    db = source_kit.simple_table("loss", 0)
+    table = TableId(db, "t")
+    with source_kit.cleaned(db, "loss") as source:
+        cfg = loss_config(source_kit, tmp_path, db, source)
+        with open_runtime(load_config(cfg), spark=spark) as rt:
+            rt.tailer().run(until_caught_up=True)
+            source_kit.run_sql(db, "INSERT INTO {t} VALUES (1, 'v1')")
+            rt.tailer().run(until_caught_up=True)
+            # The lake as a log reset leaves it: its newest change after the log's head.
+            changelog = rt.layout.changelog(table)
+            head = rt.dialect.to_position(rt.dialect.head_position())
+            (spark.read.format("delta").load(changelog)
+             .withColumn("_dblog_lsn", F.lit(head.lsn + (1 << 40)).cast("long"))
+             .write.format("delta").mode("append").save(changelog))
+            before = rt.state.get_position()
+            with pytest.raises(DblogError, match="behind changes the lake already holds for"):
+                rt.tailer().run(until_caught_up=True, reset_to_head=True)
+            assert rt.state.get_position() == before
+            rt.state.delete("", recursive=True)  # ZooKeeper's state lost
+            with pytest.raises(DblogError, match="new lake"):
+                rt.tailer().run(until_caught_up=True)
+            assert rt.state.get_position() is None
             rt.state.delete("", recursive=True)
 
 
