@@ -436,13 +436,16 @@ class Tailer:
             assert head is not None
             self._reset_to_head(head)
         committed = self._initial_position(head)
-        starts_over = head is not None
-        if starts_over:
-            self._merge_before_the_gap(committed.value)
+        found_doc = self.state.get(MIRROR_DOC)
+        # A generation's mirrors merged by none of its runs yet: it began at the head
+        # (the run before may have died right after that).
+        starts_over = (found_doc is None
+                       or found_doc.value.get("generation") != committed.value.generation)
+        if starts_over and self._merge_before_the_gap(committed.value):
+            found_doc = self.state.get(MIRROR_DOC)
         # A crash may have left any mirror behind its changelog: every table is looked at.
         self._unmerged = set() if starts_over else set(self.tables)
         self._unmerged_since, self._unmerged_events = time.monotonic(), 0
-        found_doc = self.state.get(MIRROR_DOC)
         self._mirror_doc_lsn = int(found_doc.value["lsn"]) if found_doc is not None else None
         replay = self._pending_replay(committed)
         self._expire_windows()
@@ -764,10 +767,12 @@ class Tailer:
                 "`lake` path, or a new source name for a new ZooKeeper state too), then run "
                 "`dblog tail --from-head` and `dblog capture`")
 
-    def _merge_before_the_gap(self, committed: PositionState) -> None:
-        """A run that starts at the head of the log (``--from-head``, or no stored position)
-        never reads what the log held between the lake's last batch and the head: merge
-        every changelog row written before it into the mirrors first.
+    def _merge_before_the_gap(self, committed: PositionState) -> bool:
+        """A generation of batches starts at the head of the log (``--from-head``, or no
+        stored position) and never reads what the log held between the lake's last batch
+        and the head: its first run merges every changelog row written before it into the
+        mirrors first, and records that in the ``mirror`` document (a run that dies before
+        that leaves it to the next). Whether there was a table to merge.
 
         A capture then restores the full state: a chunk deletes the keys in its range the
         lake holds and the source lacks, found in the mirror (:meth:`DeltaSink.mirror_holds`,
@@ -778,6 +783,7 @@ class Tailer:
         tables = frozenset(t for t in self.tables if self.sink.known_columns(t))
         if tables:
             self._merge_mirrors(committed, tables)
+        return bool(tables)
 
     def _pending_replay(self, committed: Versioned[PositionState]) -> Cut | None:
         """The recorded batch to rebuild exactly, if the last run crashed while writing it."""
