@@ -539,10 +539,12 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.warm_rounds):
             # The same phase in this JVM first, its results dropped: the measured one runs
             # with Spark's and Delta's code compiled (a long-running tailer's state).
-            warm, _ = dblog_phase(ep, spark, db, f"{name}-warm{i}", args,
-                                  first_new + (i + 1) * 10_000_000)
-            if not args.keep:
-                remove_lake(f"{name}-warm{i}")
+            try:
+                warm, _ = dblog_phase(ep, spark, db, f"{name}-warm{i}", args,
+                                      first_new + (i + 1) * 10_000_000)
+            finally:
+                if not args.keep:
+                    remove_lake(f"{name}-warm{i}")
             print(f"    warm round {i + 1}: changelog p50 {warm['changelog'].get('p50')} s, "
                   f"p99 {warm['changelog'].get('p99')} s; C2 "
                   f"{warm['cpu_seconds_while_writing'].get('jvm_jit_c2')} CPU-s", flush=True)
