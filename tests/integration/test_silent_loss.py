@@ -130,8 +130,9 @@ def test_a_capture_after_tail_from_head_deletes_keys_the_gap_took_that_the_mirro
             assert code == -9  # at the head already, before its first merge
             wait_lock_free(cfg)
 
-            # The capture's window is open before the tailer starts, as when `dblog
-            # capture` follows `dblog tail --from-head` at once: no merge comes first.
+            # The capture's window is open before the tailer starts (as when `dblog capture`
+            # follows `dblog tail --from-head` at once): an idle tailer would merge at once,
+            # this one merges before the chunk only what the new generation owes.
             capturer = rt.capturer()
             capture_id = capturer.plan(CaptureRequest((table,)))
             stop = threading.Event()
