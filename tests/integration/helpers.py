@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.handoff import chunk_path
 from pipeline.sample import connect, q
 from pipeline.services import Endpoints
 from pipeline.sources.mysql import MySqlSettings
@@ -59,6 +60,17 @@ def wait_for(what: str, done: Callable[[], object], timeout: float = 60.0,
     while not done():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(poll)
+
+
+def wait_for_a_held_chunk(rt: Any, timeout: float = 120.0) -> None:
+    """Poll until a capture holds a selected chunk for one of the registered windows (its
+    chunk document exists), for at most ``timeout`` seconds; returns either way (the
+    caller stops the capture next, and the capture's result says how far it got)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(
+            rt.state.get(chunk_path(w.value.window.window_id)) is not None
+            for w in rt.state.list_windows()):
+        time.sleep(0.05)
 
 
 def run_dblog(config: Path, *args: str, password: str, fault: str | None = None

@@ -37,7 +37,7 @@ from pipeline.services import Endpoints
 from pipeline.sources.base import Column, TableSchema
 from pipeline.tailer import chunk_path
 from pipeline.verify import verify_table
-from tests.integration.helpers import make_db
+from tests.integration.helpers import make_db, wait_for_a_held_chunk
 from tests.integration.sources import MariaDbKit, SourceKit
 
 pytestmark = pytest.mark.integration
@@ -506,11 +506,7 @@ def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it
         stopped_at: list[float] = []
 
         def stop_once_windows_wait() -> None:
-            ends = time.monotonic() + 120
-            while time.monotonic() < ends and not any(
-                    rt.state.get(chunk_path(w.value.window.window_id)) is not None
-                    for w in rt.state.list_windows()):
-                time.sleep(0.05)
+            wait_for_a_held_chunk(rt)
             time.sleep(1.0)
             stopped_at.append(time.monotonic())
             stop.set()

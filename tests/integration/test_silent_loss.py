@@ -18,7 +18,7 @@ from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
-from tests.integration.helpers import execute, make_db, run_dblog
+from tests.integration.helpers import execute, make_db, run_dblog, wait_for_a_held_chunk
 from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration
@@ -107,7 +107,6 @@ def test_a_capture_after_tail_from_head_deletes_keys_the_gap_took_that_the_mirro
     ``--from-head`` run dies as it begins that merge, and the next run does it."""
     from pipeline.background import BackgroundTailer
     from pipeline.capture import CaptureRequest
-    from pipeline.handoff import chunk_path
 
     db = source_kit.simple_table("loss", 0)
     table = TableId(db, "t")
@@ -138,11 +137,7 @@ def test_a_capture_after_tail_from_head_deletes_keys_the_gap_took_that_the_mirro
             stop = threading.Event()
 
             def stop_once_a_chunk_is_held() -> None:
-                ends = time.monotonic() + 120
-                while time.monotonic() < ends and not any(
-                        rt.state.get(chunk_path(w.value.window.window_id)) is not None
-                        for w in rt.state.list_windows()):
-                    time.sleep(0.05)
+                wait_for_a_held_chunk(rt)
                 stop.set()
 
             stopper = threading.Thread(target=stop_once_a_chunk_is_held, daemon=True)
