@@ -25,9 +25,12 @@ log = logging.getLogger(__name__)
 class BackgroundTailer:
     """A tailer on a daemon thread; :meth:`check` re-raises its failure in the caller."""
 
-    def __init__(self, tailer: Tailer, outage_patience_s: float = 120.0) -> None:
+    def __init__(self, tailer: Tailer, outage_patience_s: float = 120.0, *,
+                 merge_at_end: bool = True) -> None:
         self.tailer = tailer
         self.outage_patience_s = outage_patience_s
+        self.merge_at_end = merge_at_end
+        """Whether a stop waits for every mirror to be merged (``Tailer.run``)."""
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="dblog-tailer", daemon=True)
@@ -40,7 +43,8 @@ class BackgroundTailer:
             while not self._stop.is_set():
                 began = time.monotonic()
                 try:
-                    self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0)
+                    self.summary = self.tailer.run(stop=self._stop, lock_timeout=2.0,
+                                                   merge_at_end=self.merge_at_end)
                     self.external = False
                     return
                 except LockHeld:

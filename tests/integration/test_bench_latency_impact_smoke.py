@@ -90,9 +90,21 @@ def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
             _ordered(row[side])
             assert row[side]["achieved_tps"] > 0
         pipeline = row["with"]["pipeline"]
-        assert pipeline["ramp_seconds"] > 0 and pipeline["rows_captured"] >= 0
+        assert len(pipeline["ramp_seconds"]) == 2 and pipeline["rows_captured"] >= 0
+        # The second round begins where the first ended: the capture runs on.
+        assert pipeline["ramp_seconds"][0] > 0 and pipeline["ramp_seconds"][1] == 0
         assert row["ratio"]["p50"] > 0 and row["ratio"]["p99"] > 0
         assert row["ratio_tailer"]["p99"] > 0 and row["ratio_capture_over_tailer"]["p99"] > 0
+        # Two rounds, the second backwards; each side measured in both.
+        assert [list(r) for r in row["rounds"]] == [["without", "tailer", "with"],
+                                                    ["with", "tailer", "without"]]
+        for r in row["rounds"]:
+            for side in ("without", "tailer", "with"):
+                assert r[side]["count"] > 0
+        assert row["with"]["count"] == sum(r["with"]["count"] for r in row["rounds"])
+        for side in ("tailer", "with"):
+            assert len(row["p99_ratio_rounds"][side]) == 2
+            assert min(row["p99_ratio_rounds"][side]) <= row["p99_ratio_median"][side]
     if "pinned-throttled" in rows:
         pinned = rows["pinned-throttled"]
         assert pinned["max_rows_per_s"] == 3000
