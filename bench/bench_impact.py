@@ -210,7 +210,9 @@ class Pipeline:
                                       lake=lake_dir(name) / "lake",
                                       server_id=replica_id(8150, 8199),
                                       read_partitions=args.read_partitions,
-                                      max_rows_per_s=max_rows_per_s)
+                                      max_rows_per_s=max_rows_per_s,
+                                      settings={"capture": {
+                                          "chunk_max_rows": args.chunk_max_rows}})
         self.side = "without"
         self.batches: list[tuple[int, float]] = []
         self.captures: list[tuple[float, bool]] = []  # seconds, finished
@@ -498,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pinned-throttled: the capture's capture.max_rows_per_s")
     parser.add_argument("--ramp-timeout", type=float, default=180.0,
                         help="start writing after the capture's first chunk, or this late")
+    parser.add_argument("--chunk-max-rows", type=int, default=None,
+                        help="the capture's capture.chunk_max_rows (default: the product's)")
     parser.add_argument("--read-partitions", type=int, default=None,
                         help="the capture's parallel reads of a chunk (default: the product's)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks it works")
@@ -559,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows, "seconds": args.seconds, "rounds": args.rounds, "tps": args.tps,
         "insert_share": 0.2,
         "read_partitions": args.read_partitions, "throttle_rows_per_s": args.throttle,
+        "chunk_max_rows": args.chunk_max_rows,
         "placements": [p.name for p in placements], "skipped": skipped,
         "ramp_timeout_s": args.ramp_timeout, "smoke": args.smoke,
         "spark_master": spark_conf()["spark.master"],
