@@ -213,7 +213,6 @@ class Pipeline:
                                       max_rows_per_s=max_rows_per_s,
                                       settings={"capture": {
                                           "chunk_max_rows": args.chunk_max_rows}})
-        self.side = "without"
         self.batches: list[tuple[int, float]] = []
         self.captures: list[tuple[float, bool]] = []  # seconds, finished
         self._failure: list[BaseException] = []
@@ -251,7 +250,6 @@ class Pipeline:
         else:
             self._start_tailer()
             figures["first_chunk_before_writing"] = self._start_capture()
-        self.side = side
         figures["seconds"] = round(time.monotonic() - began, 2)
         return figures
 
@@ -329,8 +327,6 @@ def measure_rounds(ep: Endpoints, spark: Any, db: str, name: str, placement: Pla
     pooled = {side: Commits() for side in SIDES}
     rounds: list[dict[str, Any]] = []
     writer_cpus: list[list[str]] = []
-    captured = {"rows": 0, "seconds": 0.0}
-    tailer_events = 0
     try:
         for index in range(args.rounds):
             per_side: dict[str, Any] = {}
@@ -338,7 +334,8 @@ def measure_rounds(ep: Endpoints, spark: Any, db: str, name: str, placement: Pla
                 load = round(os.getloadavg()[0], 2)
                 change = pipeline.to(side)
                 check = None if side == "without" else pipeline.check
-                emitted, events = pipeline.rows_emitted(), sum(e for e, _ in pipeline.batches)
+                emitted = pipeline.rows_emitted() if side == "with" else 0
+                events = sum(e for e, _ in pipeline.batches)
                 began = time.monotonic()
                 commits, writer_cpus = write_for(ep, db, args, next_id, placement.app_cpus,
                                                  check)
@@ -350,12 +347,10 @@ def measure_rounds(ep: Endpoints, spark: Any, db: str, name: str, placement: Pla
                 figures = {**latency_figures(commits), "loadavg_1m_before": load,
                            "ramp": change,
                            "tailer_events": sum(e for e, _ in pipeline.batches) - events}
-                tailer_events += figures["tailer_events"] if side != "without" else 0
                 if side == "with":
                     rows = pipeline.rows_emitted() - emitted
-                    captured["rows"] += rows
-                    captured["seconds"] += elapsed
-                    figures["capture_rows_per_s"] = round(rows / elapsed, 1)
+                    figures.update(rows_captured=rows, writing_seconds=round(elapsed, 2),
+                                   capture_rows_per_s=round(rows / elapsed, 1))
                 per_side[side] = figures
                 print(f"  [{time.monotonic() - args.t0:.0f}s] {placement.name} round "
                       f"{index + 1}, {side}: {figures}", flush=True)
@@ -368,16 +363,19 @@ def measure_rounds(ep: Endpoints, spark: Any, db: str, name: str, placement: Pla
                                      1)}
         for side in SIDES}
     out["with"]["writer_cpus"] = writer_cpus
+    rows_captured = sum(r["with"]["rows_captured"] for r in rounds)
+    writing_seconds = sum(r["with"]["writing_seconds"] for r in rounds)
     out["with"]["pipeline"] = {
         "ramp_seconds": [r["with"]["ramp"]["seconds"] for r in rounds],
         "first_chunk_before_writing": all(r["with"]["ramp"].get("first_chunk_before_writing")
                                           for r in rounds),
         "captures_finished": sum(f for _, f in pipeline.captures),
         "capture_seconds_each": [round(s, 1) for s, f in pipeline.captures if f],
-        "rows_captured": captured["rows"],
-        "capture_rows_per_s": round(captured["rows"] / captured["seconds"], 1)
-        if captured["seconds"] else 0.0,
-        "tailer_events_while_writing": tailer_events,
+        "rows_captured": rows_captured,
+        "capture_rows_per_s": round(rows_captured / writing_seconds, 1)
+        if writing_seconds else 0.0,
+        "tailer_events_while_writing": sum(r[side]["tailer_events"] for r in rounds
+                                           for side in ("tailer", "with")),
         "pipeline_cpus": {"process": thread_affinities(os.getpid()),
                           "jvm": [thread_affinities(p) for p in jvm_pids(os.getpid())]},
         "zookeeper": {"root": pipeline.config.zookeeper_root,
