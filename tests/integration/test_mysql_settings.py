@@ -217,6 +217,38 @@ def test_unrepresentable_dates_outside_the_key_read_as_null_from_log_and_chunks(
     assert chunk == spark.createDataFrame(from_log, spark_schema(schema)).collect()
 
 
+def test_invalid_dates_read_as_null_from_chunks_and_leap_days_as_they_are(
+    dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
+) -> None:
+    """A day past its month's end, stored under ALLOW_INVALID_DATES ('2020-02-31', which the
+    log reader refuses), reads as NULL from a chunk select, not as a day of the next month;
+    leap days read as they are, at every fraction."""
+    table = TableId(db, "invalid_dates")
+    t = quote_table(table)
+    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(6) NULL,"
+                 " dt0 DATETIME NULL, ts TIMESTAMP(3) NULL)")
+    execute(sql, "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'",
+            *(f"INSERT INTO {t} VALUES ({i}, '{d}', '{d} 23:59:59.999999', '{d} 10:00:00',"
+              " NULL)" for i, d in enumerate(["2020-02-31", "2021-02-29", "1900-02-29",
+                                              "2023-04-31", "2023-11-31"], start=1)),
+            f"INSERT INTO {t} VALUES (6, '2000-02-29', '2000-02-29 23:59:59.999999',"
+            " '2024-02-29 00:00:00', '2036-02-29 12:34:56.789')",
+            f"INSERT INTO {t} VALUES (7, '2024-12-31', '1969-12-31 23:59:59.000001',"
+            " '1970-01-01 00:00:00', '2038-01-19 03:14:07.999')",
+            "SET SESSION sql_mode = DEFAULT")
+    schema = dialect.table_schema(table)
+    chunk = dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
+    utc = dt.UTC
+    expected = [
+        *((i, None, None, None, None) for i in range(1, 6)),
+        (6, dt.date(2000, 2, 29), dt.datetime(2000, 2, 29, 23, 59, 59, 999999),
+         dt.datetime(2024, 2, 29), dt.datetime(2036, 2, 29, 12, 34, 56, 789000, tzinfo=utc)),
+        (7, dt.date(2024, 12, 31), dt.datetime(1969, 12, 31, 23, 59, 59, 1),
+         dt.datetime(1970, 1, 1), dt.datetime(2038, 1, 19, 3, 14, 7, 999000, tzinfo=utc)),
+    ]
+    assert chunk == spark.createDataFrame(expected, spark_schema(schema)).collect()
+
+
 # -- does Spark order keys like the database? -------------------------------------------------
 
 KEY_ORDER_CASES = [

@@ -248,9 +248,9 @@ def test_chunk_sql_shape() -> None:
                        key=("a", "b`"))
     sql = build_chunk_sql(ChunkSpec(table, 50, after_key=(1, "x'"), upper_key=(9, "z")), schema)
     assert sql.startswith(
-        "SELECT `a` AS `a`, `b``` AS `b```, "
-        "CONCAT(DATE_FORMAT(`ts`, '%Y-%m-%d %H:%i:%s.%f'), 'Z') AS `ts`, "
-        "CAST(`x` AS SIGNED) AS `x` FROM `d``b`.`t 1` WHERE ")
+        "SELECT `a` AS `_c0`, `b``` AS `_c1`, "
+        "CAST(`ts` AS SIGNED) AS `_c2`, MICROSECOND(`ts`) AS `_c3`, "
+        "CAST(`x` AS SIGNED) AS `_c4` FROM `d``b`.`t 1` WHERE ")
     assert sql.endswith(" ORDER BY `d``b`.`t 1`.`a`, `d``b`.`t 1`.`b``` LIMIT 50")
     assert "(`a` >= 1 AND ((`a` > 1) OR (`a` = 1 AND `b``` > _utf8mb4 X'7827')))" in sql
     assert "`a` <= 9 AND" in sql and "x'" not in sql.replace("X'", "")

@@ -10,6 +10,7 @@ from pipeline.chunking import chunk_predicate_sql, limit_sql
 from pipeline.errors import ConfigError
 from pipeline.events import Key, TableId
 from pipeline.sources.base import FETCH_ROWS, ChunkSpec, Column, SourceDialect, TableSchema
+from pipeline.sources.mysql import temporal_numbers
 from pipeline.sources.mysql.sqltext import literal, quote_ident, quote_table
 from pipeline.sources.mysql.types import TEMPORAL_TYPES, SourceType
 
@@ -60,6 +61,14 @@ def column_projection(col: Column) -> str:
     return source_type_of(col.source_type, col.spark_type).projection(quote_ident(col.name))
 
 
+def chunk_projections(col: Column) -> tuple[str, ...]:
+    """The SELECT expressions a chunk select sends for ``col`` (see
+    ``SourceType.chunk_projections``), turned into its canonical value by
+    :func:`_from_chunk_select`."""
+    st = source_type_of(col.source_type, col.spark_type)
+    return st.chunk_projections(quote_ident(col.name))
+
+
 def key_bounds_sql(schema: TableSchema, lower: Key | None, upper: Key | None,
                    doing: str) -> str | None:
     """``(lower, upper]`` over the key columns as SQL with safe literals; ``None`` when
@@ -85,8 +94,10 @@ def build_chunk_sql(spec: ChunkSpec, schema: TableSchema) -> str:
     limit = limit_sql(spec.limit)
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
-    projections = [f"{column_projection(col)} AS {quote_ident(col.name)}"
-                   for col in schema.columns]
+    # Positional aliases: a column may take two expressions, and the names must not clash
+    # in the derived table Spark wraps the select in (the result is renamed by position).
+    expressions = [e for col in schema.columns for e in chunk_projections(col)]
+    projections = [f"{e} AS `_c{i}`" for i, e in enumerate(expressions)]
     conditions: list[str] = []
     bounds = key_bounds_sql(schema, spec.after_key, spec.upper_key, "chunk")
     if bounds is not None:
@@ -216,15 +227,40 @@ def read_chunk(
     sql = dialect.chunk_sql(spec, schema)
     df = (spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql)
           .option("fetchsize", str(FETCH_ROWS)).load())
-    return _canonical(df, schema.columns, schema.table)
+    return _from_chunk_select(df, schema.columns, schema.table)
+
+
+def _from_chunk_select(df: DataFrame, columns: Sequence[Column], table: TableId) -> DataFrame:
+    """A chunk select's JDBC result (:func:`chunk_projections` of ``columns``) with the
+    columns' canonical types and names."""
+    from pyspark.sql import functions as F
+
+    widths = [len(chunk_projections(col)) for col in columns]
+    if len(df.columns) != sum(widths):
+        raise ConfigError(f"chunk select of {table} returned {len(df.columns)} columns")
+    temp = [f"_c{i}" for i in range(len(df.columns))]
+    df = df.toDF(*temp)
+    selected = []
+    at = 0
+    for col, width in zip(columns, widths, strict=True):
+        base = col.source_type.split("(")[0].strip().lower()
+        if base in TEMPORAL_TYPES:
+            micros = temp[at + 1] if width == 2 else None
+            column = F.expr(temporal_numbers.spark_sql(base, temp[at], micros))
+        else:
+            column = F.col(temp[at]).cast(spark_data_type(col.spark_type))
+        selected.append(column.alias(col.name))
+        at += width
+    return df.select(*selected)
 
 
 def _canonical(df: DataFrame, columns: Sequence[Column], table: TableId) -> DataFrame:
-    """A JDBC result with the columns' canonical types and names (given in select order)."""
+    """A JDBC result of :func:`column_projection` (key selects) with the columns' canonical
+    types and names (given in select order)."""
     from pyspark.sql import functions as F
 
     if len(df.columns) != len(columns):
-        raise ConfigError(f"chunk select of {table} returned {len(df.columns)} columns")
+        raise ConfigError(f"key select of {table} returned {len(df.columns)} columns")
     # Rename positionally: no Spark name parsing of hostile column names.
     temp = [f"_c{i}" for i in range(len(df.columns))]
     df = df.toDF(*temp)

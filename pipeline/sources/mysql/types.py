@@ -42,6 +42,7 @@ from decimal import Decimal
 from typing import Any
 
 from pipeline.errors import SourceError
+from pipeline.sources.mysql import temporal_numbers
 
 Converter = Callable[[Any], Any]
 
@@ -117,14 +118,23 @@ class SourceType:
             return simple[b]
         return "STRING" if b in TEXT_TYPES else "BINARY"
 
+    def chunk_projections(self, quoted: str) -> tuple[str, ...]:
+        """The SELECT expressions a chunk select sends for the column: :meth:`projection`,
+        except for DATE, DATETIME and TIMESTAMP, sent as numbers (``temporal_numbers``)."""
+        if self.base in TEMPORAL_TYPES:
+            return temporal_numbers.chunk_select_sql(self.base, self.precision, quoted)
+        return (self.projection(quoted),)
+
     def projection(self, quoted: str) -> str:
-        """A SELECT expression for the column giving a JDBC value of its canonical type.
+        """A SELECT expression for the column giving a JDBC value of its canonical type
+        (temporal ones as text): what key reads and checksums select.
 
         Temporal values travel as text (no JVM time-zone conversion); the session time
         zone must be UTC for TIMESTAMP (``jdbc_options`` sets it). The server formats the
         text: a bare DATETIME read as a string is the driver's rendering, not the server's
         (MariaDB Connector/J gives '0000-01-01 10:00:00' as '0001-01-01 10:00:00.000' and a
-        zero DATETIME as NULL), though the ``DATE_FORMAT`` costs the server most of a chunk
+        zero DATETIME as NULL). Chunk selects send temporal values as numbers instead
+        (:meth:`chunk_projections`): ``DATE_FORMAT`` costs the server most of a chunk
         select's work beyond the bare columns.
         """
         b = self.base
