@@ -10,10 +10,19 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pipeline.sources.mysql.temporal_numbers import chunk_select_sql, spark_sql
+from pipeline.sources.mysql.temporal_numbers import chunk_select_sql, field_sql, value_sql
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+
+def decoded(frame: DataFrame, base: str, number: str, micros: str | None
+            ) -> tuple[DataFrame, Column]:
+    """``frame`` with the fields of ``number`` beside its columns, and the value's column."""
+    from pyspark.sql import functions as F
+
+    fields = [F.expr(sql).alias(name) for name, sql in field_sql(base, number).items()]
+    return frame.select("*", *fields), F.expr(value_sql(base, number, micros))
 
 
 def test_every_year_month_and_day_field_against_sparks_calendar(spark: SparkSession) -> None:
@@ -25,7 +34,8 @@ def test_every_year_month_and_day_field_against_sparks_calendar(spark: SparkSess
     numbers = spark.range(10000 * 13 * 32).select(
         ((F.col("id") / 416).cast("long") * 10000 + (F.col("id") / 32).cast("long") % 13 * 100
          + F.col("id") % 32).alias("_c0"))
-    got = numbers.select(F.col("_c0"), F.expr(spark_sql("date", "_c0", None)).alias("d"))
+    with_fields, value = decoded(numbers, "date", "_c0", None)
+    got = with_fields.select(F.col("_c0"), value.alias("d"))
     expected = numbers.select(F.col("_c0"), F.expr(
         "CASE WHEN _c0 div 10000 >= 1 THEN CAST(try_make_timestamp_ntz(CAST(_c0 div 10000 AS INT),"
         " CAST(_c0 div 100 % 100 AS INT), CAST(_c0 % 100 AS INT), 0, 0, 0) AS DATE) END"
@@ -70,7 +80,8 @@ def test_random_date_times_against_python(spark: SparkSession, base: str) -> Non
     schema = StructType([StructField("_c0", LongType()), StructField("_c1", LongType()),
                          StructField("expected", kind)])
     frame = spark.createDataFrame(rows, schema)
-    got = frame.select(F.expr(spark_sql(base, "_c0", "_c1")).alias("v"), "expected")
+    with_fields, value = decoded(frame, base, "_c0", "_c1")
+    got = with_fields.select(value.alias("v"), "expected")
     assert got.schema["v"].dataType == kind
     wrong = got.where(~F.col("v").eqNullSafe(F.col("expected"))).limit(5).collect()
     assert wrong == []
@@ -85,5 +96,9 @@ def test_whole_seconds_and_the_select_expressions() -> None:
     with pytest.raises(ValueError, match="not a temporal type"):
         chunk_select_sql("time", 0, "`t`")
     with pytest.raises(ValueError, match="not a positional column name"):
-        spark_sql("date", "`d`; DROP", None)
-    assert "timestampadd" in spark_sql("datetime", "_c1", None)
+        field_sql("date", "`d`; DROP")
+    with pytest.raises(ValueError, match="not a positional column name"):
+        value_sql("datetime", "_c1", "us")
+    assert set(field_sql("datetime", "_c1")) == {"_c1_y", "_c1_m", "_c1_d", "_c1_h", "_c1_mi",
+                                                 "_c1_s"}
+    assert "timestampadd" in value_sql("datetime", "_c1", None)

@@ -240,17 +240,22 @@ def _from_chunk_select(df: DataFrame, columns: Sequence[Column], table: TableId)
         raise ConfigError(f"chunk select of {table} returned {len(df.columns)} columns")
     temp = [f"_c{i}" for i in range(len(df.columns))]
     df = df.toDF(*temp)
+    fields = []
     selected = []
     at = 0
     for col, width in zip(columns, widths, strict=True):
         base = col.source_type.split("(")[0].strip().lower()
         if base in TEMPORAL_TYPES:
+            fields += [F.expr(sql).alias(name)
+                       for name, sql in temporal_numbers.field_sql(base, temp[at]).items()]
             micros = temp[at + 1] if width == 2 else None
-            column = F.expr(temporal_numbers.spark_sql(base, temp[at], micros))
+            column = F.expr(temporal_numbers.value_sql(base, temp[at], micros))
         else:
             column = F.col(temp[at]).cast(spark_data_type(col.spark_type))
         selected.append(column.alias(col.name))
         at += width
+    if fields:
+        df = df.select(*temp, *fields)
     return df.select(*selected)
 
 

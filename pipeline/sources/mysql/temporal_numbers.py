@@ -26,10 +26,13 @@ from __future__ import annotations
 import re
 
 _SPARK_NAME = re.compile(r"_c\d+")
+"""A JDBC column's positional name: the only names the SQL here refers to."""
 
 _MICROS_PER_DAY = 86_400_000_000
-_DAYS_BEFORE_EPOCH = 719_468
-"""Days from 0000-03-01 to 1970-01-01 in the proleptic Gregorian calendar."""
+_LEAP_DAYS_BEFORE_1970 = 477
+"""Leap days in years 1-1969 of the proleptic Gregorian calendar (492 - 19 + 4)."""
+_DAYS_BEFORE_MONTH = "0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334"
+"""Days before each month's first in a common year."""
 
 
 def chunk_select_sql(base: str, precision: int, quoted: str) -> tuple[str, ...]:
@@ -42,50 +45,59 @@ def chunk_select_sql(base: str, precision: int, quoted: str) -> tuple[str, ...]:
     return (number, f"MICROSECOND({quoted})")
 
 
-def spark_sql(base: str, number: str, micros: str | None) -> str:
-    """Spark SQL giving the canonical value of a temporal column from the JDBC columns
-    ``number`` and ``micros`` (None: no fraction) of :func:`chunk_select_sql`."""
-    for name in (number, micros):
-        if name is not None and not _SPARK_NAME.fullmatch(name):
-            raise ValueError(f"not a positional column name: {name!r}")
+def field_sql(base: str, number: str) -> dict[str, str]:
+    """Spark SQL of the calendar fields in the JDBC column ``number`` of
+    :func:`chunk_select_sql`, by name (``<number>_y``, ``_m``, ``_d``, and for a DATETIME or
+    a TIMESTAMP ``_h``, ``_mi``, ``_s``): the first of two projections, so that each field
+    is computed once (Spark keeps a projection of costly expressions that the next one
+    uses more than once)."""
+    _check_name(number)
     if base == "date":
-        date, seconds = number, None
+        date = number
     elif base in ("datetime", "timestamp"):
-        date, seconds = f"({number} div 1000000)", f"({number} % 1000000)"
+        date = f"({number} div 1000000)"
     else:
         raise ValueError(f"not a temporal type: {base!r}")
-    year, month, day = f"({date} div 10000)", f"({date} div 100 % 100)", f"({date} % 100)"
-    valid = [f"{year} >= 1", f"{month} BETWEEN 1 AND 12",
-             f"{day} BETWEEN 1 AND {_days_in_month(year, month)}"]
-    days = _days_since_epoch(year, month, day)
-    if seconds is None:
+    fields = {f"{number}_y": f"{date} div 10000", f"{number}_m": f"{date} div 100 % 100",
+              f"{number}_d": f"{date} % 100"}
+    if base != "date":
+        fields |= {f"{number}_h": f"{number} div 10000 % 100",
+                   f"{number}_mi": f"{number} div 100 % 100", f"{number}_s": f"{number} % 100"}
+    return fields
+
+
+def value_sql(base: str, number: str, micros: str | None) -> str:
+    """Spark SQL of the canonical value, over the fields of :func:`field_sql` and the
+    JDBC column ``micros`` (None: no fraction): NULL for year 0, a zero field or a day past
+    its month's end."""
+    for name in (number, micros):
+        if name is not None:
+            _check_name(name)
+    y, m, d = f"{number}_y", f"{number}_m", f"{number}_d"
+    leap = f"({y} % 4 = 0 AND ({y} % 100 != 0 OR {y} % 400 = 0))"
+    # 31 days for January, March, May, July, August, October, December; 30 for the others.
+    days_in_month = (f"CASE WHEN {m} = 2 THEN CASE WHEN {leap} THEN 29 ELSE 28 END"
+                     f" ELSE 30 + ({m} + {m} div 8) % 2 END")
+    valid = [f"{y} >= 1", f"{m} BETWEEN 1 AND 12", f"{d} BETWEEN 1 AND {days_in_month}"]
+    leap_days_before_year = f"(({y} - 1) div 4 - ({y} - 1) div 100 + ({y} - 1) div 400)"
+    days = (f"(({y} - 1970) * 365 + {leap_days_before_year} - {_LEAP_DAYS_BEFORE_1970}"
+            f" + element_at(array({_DAYS_BEFORE_MONTH}), CAST({m} AS INT))"
+            f" + CASE WHEN {m} > 2 AND {leap} THEN 1 ELSE 0 END + {d} - 1)")
+    if base == "date":
         value = f"date_from_unix_date(CAST({days} AS INT))"
-    else:
-        hour, minute, second = (f"({seconds} div 10000)", f"({seconds} div 100 % 100)",
-                                f"({seconds} % 100)")
-        valid += [f"{hour} < 24", f"{minute} < 60", f"{second} < 60"]
-        micros_of_day = f"(({hour} * 3600 + {minute} * 60 + {second}) * 1000000)"
-        total = f"{days} * {_MICROS_PER_DAY} + {micros_of_day}"
+    elif base in ("datetime", "timestamp"):
+        h, mi, s = f"{number}_h", f"{number}_mi", f"{number}_s"
+        valid += [f"{h} < 24", f"{mi} < 60", f"{s} < 60"]
+        total = f"{days} * {_MICROS_PER_DAY} + ({h} * 3600 + {mi} * 60 + {s}) * 1000000"
         if micros is not None:
             total += f" + {micros}"
         value = (f"timestamp_micros({total})" if base == "timestamp" else
                  f"timestampadd(MICROSECOND, {total}, TIMESTAMP_NTZ'1970-01-01 00:00:00')")
+    else:
+        raise ValueError(f"not a temporal type: {base!r}")
     return f"CASE WHEN {' AND '.join(valid)} THEN {value} END"
 
 
-def _days_in_month(year: str, month: str) -> str:
-    leap = f"({year} % 4 = 0 AND ({year} % 100 != 0 OR {year} % 400 = 0))"
-    # 31 for January, March, May, July, August, October, December; 30 for the others.
-    return (f"(CASE WHEN {month} = 2 THEN CASE WHEN {leap} THEN 29 ELSE 28 END"
-            f" ELSE 30 + ({month} + {month} div 8) % 2 END)")
-
-
-def _days_since_epoch(year: str, month: str, day: str) -> str:
-    """Days from 1970-01-01 to a valid date of year >= 1 (H. Hinnant's ``days_from_civil``:
-    years counted from March, so February's leap day ends the year)."""
-    shifted = f"({year} - CASE WHEN {month} <= 2 THEN 1 ELSE 0 END)"
-    era, year_of_era = f"({shifted} div 400)", f"({shifted} % 400)"
-    day_of_year = f"((153 * (({month} + 9) % 12) + 2) div 5 + {day} - 1)"
-    day_of_era = (f"({year_of_era} * 365 + {year_of_era} div 4 - {year_of_era} div 100"
-                  f" + {day_of_year})")
-    return f"({era} * 146097 + {day_of_era} - {_DAYS_BEFORE_EPOCH})"
+def _check_name(name: str) -> None:
+    if not _SPARK_NAME.fullmatch(name):
+        raise ValueError(f"not a positional column name: {name!r}")
