@@ -555,11 +555,54 @@ class DeltaSink:
                 return
             except Exception as exc:
                 self._columns.pop(schema.table, None)
+                for path in (self.layout.changelog(schema.table),
+                             self.layout.mirror(schema.table)):
+                    self._remove_unborn_log(path)
                 if attempt == attempts:
                     raise
                 log.info("creating the lake tables of %s met another creator (%s); trying "
                          "again", schema.table, type(exc).__name__)
                 time.sleep(0.2 * attempt)
+
+    def _remove_unborn_log(self, path: str) -> bool:
+        """Remove the Delta log directory of the table at ``path`` if it holds no commit: a
+        creation killed after Delta made the directory (with ``_staged_commits`` in it) and
+        before its first commit left one, and Delta then refuses to create the table there
+        (``DELTA_TABLE_NOT_FOUND``), so every later creation failed.
+
+        Such a directory holds no file but hidden ones (the temporary file of a commit never
+        renamed into place, its checksum): those are deleted, then the directories one by
+        one, each only if empty, so that a commit another creator lands meanwhile stays.
+        Returns whether the directory is gone."""
+        from py4j.protocol import Py4JJavaError
+
+        jvm = self.spark._jvm
+        assert jvm is not None
+        log_dir = jvm.org.apache.hadoop.fs.Path(path, "_delta_log")
+        fs = log_dir.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        try:
+            if not fs.exists(log_dir):
+                return False
+            files: list[Any] = []
+            dirs: list[Any] = []
+            pending = [log_dir]
+            while pending:
+                directory = pending.pop()
+                dirs.append(directory)
+                for status in fs.listStatus(directory):
+                    (pending if status.isDirectory() else files).append(status.getPath())
+            if any(not f.getName().startswith(".") for f in files):
+                return False
+            for f in files:
+                fs.delete(f, False)
+            for directory in reversed(dirs):  # children before their parents
+                fs.delete(directory, False)
+        except Py4JJavaError as exc:  # not empty after all: a creator committed meanwhile
+            log.info("kept the Delta log at %s (%s)", path, exc.java_exception)
+            return False
+        log.warning("removed the Delta log at %s: it held no commit (a creation of the "
+                    "table that died before its first commit)", path)
+        return True
 
     def _create(self, schema: TableSchema) -> None:
         table = schema.table

@@ -385,6 +385,40 @@ def test_two_writers_creating_the_lake_tables_at_once_both_go_on_with_every_colu
         assert [r["extra"] for r in rows(spark, layout.mirror(TABLE))] == ["x"]
 
 
+@pytest.mark.parametrize("unborn", ["changelog", "mirror"])
+def test_a_creation_killed_before_its_first_commit_does_not_block_the_next_one(
+    spark: Any, tmp_path: Path, unborn: str
+) -> None:
+    """A process killed while Delta created a lake table, after it made the table's log
+    directory and before its first commit (found by the chaos test), left a directory in
+    which Delta refuses to create the table (DELTA_TABLE_NOT_FOUND): every later capture
+    and tailer failed there. The next creation removes that log, which holds nothing, and
+    creates the table."""
+    from pipeline.lake.sink import changelog_schema, table_properties
+
+    layout = LakeLayout(tmp_path / "lake", "src")
+    sink = DeltaSink(spark, layout)
+    if unborn == "mirror":
+        sink._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                           {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+    log_dir = Path(getattr(layout, unborn)(TABLE)) / "_delta_log"
+    (log_dir / "_staged_commits").mkdir(parents=True)
+    (log_dir / ".00000000000000000000.json.0d4c.tmp").write_text("{")
+    sink.ensure_tables(SCHEMA)
+    sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {})
+    assert [r["id"] for r in rows(spark, layout.mirror(TABLE))] == [1]
+    assert [r["after"]["id"] for r in rows(spark, layout.changelog(TABLE))] == [1]
+
+
+def test_a_delta_log_with_a_commit_is_never_removed(spark: Any, tmp_path: Path) -> None:
+    layout = LakeLayout(tmp_path / "lake", "src")
+    sink = DeltaSink(spark, layout)
+    sink.ensure_tables(SCHEMA)
+    assert not sink._remove_unborn_log(layout.changelog(TABLE))
+    assert rows(spark, layout.changelog(TABLE)) == []
+    assert not sink._remove_unborn_log(str(tmp_path / "nothing-here"))
+
+
 def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_both(
     spark: Any, tmp_path: Path
 ) -> None:
