@@ -12,10 +12,11 @@ end) becomes NULL, as the log decodes it.
 
 Formatting the value as text on the server (``DATE_FORMAT``) cost MariaDB most of a chunk
 select's work beyond the bare columns; the numbers cost it about what the bare columns do,
-and Spark's arithmetic costs less than parsing the text (a 1M-row select with a DATETIME(6)
-and a DATE column: MariaDB 0.51-0.52 CPU-s against 0.82-0.84, Spark's JVM 0.87-0.92 against
-0.94-1.04). ``TO_DAYS``/``TO_SECONDS`` would be as cheap but move an invalid date to a valid
-one ('2020-02-31' is March 2nd to them).
+and Spark's arithmetic about what parsing the text did (a 1M-row select of the capture
+bench's table, a DATETIME(6) and a DATE among its ten columns: MariaDB 0.51-0.54 CPU-s
+against 0.82-0.91, the bare columns 0.45; the JVM's CPU the same). ``TO_DAYS`` and
+``TO_SECONDS`` would be as cheap but move an invalid date to a valid one ('2020-02-31' is
+March 2nd to them).
 
 The SQL here is Spark SQL over a JDBC column's positional name (``_c<i>``, never a source
 identifier).
