@@ -138,8 +138,8 @@ def _order_by(schema: TableSchema, *, descending: bool = False) -> str:
 
 def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
                 upper_key: Key | None = None) -> str:
-    """``SELECT <key columns projected like a chunk's> FROM t [WHERE key > after_key
-    [AND key <= upper_key]]``."""
+    """``SELECT <key columns, temporal ones as text (column_projection)> FROM t [WHERE key >
+    after_key [AND key <= upper_key]]``."""
     if not schema.key:
         raise ConfigError(f"table {schema.table} has no primary key")
     projections = [f"{column_projection(schema.column(name))} AS {quote_ident(name)}"
@@ -152,7 +152,7 @@ def _key_select(schema: TableSchema, after_key: Key | None, doing: str,
 
 def max_key_sql(schema: TableSchema, after_key: Key | None) -> str:
     """SELECT of the greatest key above ``after_key`` (None: of the whole table), in the
-    database's key order; key columns only, projected like a chunk's."""
+    database's key order; key columns only, temporal ones as text."""
     return (f"{_key_select(schema, after_key, 'max key')} "
             f"ORDER BY {_order_by(schema, descending=True)} LIMIT 1")
 
@@ -161,7 +161,7 @@ def key_at_offset_sql(schema: TableSchema, after_key: Key | None, offset: int,
                       upper_key: Key | None = None) -> str:
     """SELECT of the key at 0-based ``offset`` above ``after_key`` (None: from the table's
     start) and at or below ``upper_key`` (None: no limit), in the database's key order; key
-    columns projected like a chunk's."""
+    columns only, temporal ones as text (read with PyMySQL: :func:`key_from_text`)."""
     if offset < 0:
         raise ValueError("offset must not be negative")
     return (f"{_key_select(schema, after_key, 'key range', upper_key)} "
@@ -235,7 +235,9 @@ def _from_chunk_select(df: DataFrame, columns: Sequence[Column], table: TableId)
     columns' canonical types and names."""
     from pyspark.sql import functions as F
 
-    widths = [len(chunk_projections(col)) for col in columns]
+    types = [source_type_of(col.source_type, col.spark_type) for col in columns]
+    widths = [len(st.chunk_projections(quote_ident(col.name)))
+              for st, col in zip(types, columns, strict=True)]
     if len(df.columns) != sum(widths):
         raise ConfigError(f"chunk select of {table} returned {len(df.columns)} columns")
     temp = [f"_c{i}" for i in range(len(df.columns))]
@@ -243,13 +245,12 @@ def _from_chunk_select(df: DataFrame, columns: Sequence[Column], table: TableId)
     fields = []
     selected = []
     at = 0
-    for col, width in zip(columns, widths, strict=True):
-        base = col.source_type.split("(")[0].strip().lower()
-        if base in TEMPORAL_TYPES:
+    for col, st, width in zip(columns, types, widths, strict=True):
+        if st.base in TEMPORAL_TYPES:
             fields += [F.expr(sql).alias(name)
-                       for name, sql in temporal_numbers.field_sql(base, temp[at]).items()]
+                       for name, sql in temporal_numbers.field_sql(st.base, temp[at]).items()]
             micros = temp[at + 1] if width == 2 else None
-            column = F.expr(temporal_numbers.value_sql(base, temp[at], micros))
+            column = F.expr(temporal_numbers.value_sql(st.base, temp[at], micros))
         else:
             column = F.col(temp[at]).cast(spark_data_type(col.spark_type))
         selected.append(column.alias(col.name))
