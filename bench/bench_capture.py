@@ -53,7 +53,15 @@ from bench.common import (
     with_ratios,
     write_results,
 )
-from bench.cpu import cpu_seconds, snapshot, spent_since
+from bench.cpu import (
+    cpu_seconds,
+    jvm_threads,
+    jvm_threads_since,
+    python_threads,
+    snapshot,
+    spent_since,
+    threads_since,
+)
 from pipeline import services
 from pipeline.sample import q
 
@@ -100,6 +108,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
     with open_runtime(config, spark=spark) as rt:
         try:
             began, cpu_before = time.perf_counter(), snapshot()
+            threads_before, jvm_before = python_threads(), jvm_threads()
             capturer = rt.capturer()
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
@@ -123,6 +132,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
                 reports = capturer.run(capture_id, stop=stop)
                 seconds = time.perf_counter() - began
                 capture_cpu = spent_since(cpu_before)
+                capture_threads = threads_since(threads_before)
+                capture_jvm_threads = jvm_threads_since(jvm_before)
                 # The mirror follows the changelog: the capture is in the changelog now,
                 # and in the mirror once the tailer merged it.
                 rt.wait_caught_up(bg.check, timeout=args.capture_timeout)
@@ -153,6 +164,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
         "profile": profile.summary(),
         "timeline": profile.timeline(),
         "capture_cpu_seconds": capture_cpu,
+        "capture_python_threads": capture_threads,
+        "capture_jvm_threads": capture_jvm_threads,
     }
 
 
@@ -260,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("baseline", "dblog"):
             print(f"  {r['variant']} {side}: {r[side]['cpu_seconds']}")
         print(f"  {r['variant']} dblog, the capture alone: {r['dblog']['capture_cpu_seconds']}")
+        print(f"  {r['variant']} dblog, the capture's Python threads: "
+              f"{r['dblog'].get('capture_python_threads')}")
+        print(f"  {r['variant']} dblog, the capture's JVM threads: "
+              f"{r['dblog'].get('capture_jvm_threads')}")
     if args.timeline:
         for r in results:
             print(f"timeline of the {r['variant']} capture (s since it began):")

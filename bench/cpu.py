@@ -34,7 +34,8 @@ def _cpu_s(fields: list[str]) -> float:
 
 
 def _jvm_pid() -> int | None:
-    """The Spark JVM this process started (a child named ``java``)."""
+    """The Spark JVM this process started: a child named ``java`` running Spark's
+    launcher (a ZooKeeper server the bench started is a ``java`` child too)."""
     me = str(os.getpid())
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -42,9 +43,11 @@ def _jvm_pid() -> int | None:
         fields = _stat_fields(entry / "stat")
         try:
             comm = (entry / "comm").read_text().strip()
+            command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if fields is not None and fields[1] == me and comm == "java":
+        if (fields is not None and fields[1] == me and comm == "java"
+                and b"org.apache.spark" in command):
             return int(entry.name)
     return None
 
@@ -108,6 +111,31 @@ def python_threads() -> dict[str, float]:
         if fields is not None:
             out[re.sub(r"\d+", "N", thread.name)] += _cpu_s(fields)
     return dict(out)
+
+
+def jvm_threads() -> dict[str, float]:
+    """CPU seconds so far of the Spark JVM's live threads, summed by name (``comm``, which
+    Linux cuts to 15 characters) with digits replaced by ``N``."""
+    out: defaultdict[str, float] = defaultdict(float)
+    jvm = _jvm_pid()
+    if jvm is None:
+        return {}
+    for task in Path(f"/proc/{jvm}/task").glob("*"):
+        fields = _stat_fields(task / "stat")
+        try:
+            name = re.sub(r"\d+", "N", (task / "comm").read_text().strip())
+        except OSError:
+            continue
+        if fields is not None:
+            out[name] += _cpu_s(fields)
+    return dict(out)
+
+
+def jvm_threads_since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds of each :func:`jvm_threads` group since ``before``, busiest first."""
+    after = jvm_threads()
+    spent = {k: round(max(0.0, v - before.get(k, 0.0)), 2) for k, v in after.items()}
+    return dict(sorted(((k, v) for k, v in spent.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 def threads_since(before: dict[str, float]) -> dict[str, float]:
