@@ -215,6 +215,8 @@ class HeldChunk:
     order: str
     counts: dict[int, int]
     """Rows per read partition."""
+    ends_range: bool = False
+    """The chunk is its range's last (it read on past the range's fixed upper bound)."""
 
 
 class ChunkWriter:
@@ -514,10 +516,12 @@ class Capturer:
     ) -> str:
         """Select chunks from the last emitted key, pipelined; returns how the walk ended.
 
-        An ``open_end`` range (its upper bound was fixed from "open") ends with one more
-        chunk read past that bound without an upper limit: it always ends the range, rows
-        inserted up there since are current at its high watermark anyway, and when it comes
-        back short it proves which mirror keys past the table's old end no longer exist.
+        An ``open_end`` range (its upper bound was fixed from "open") ends with a read past
+        that bound without an upper limit: it always ends the range, rows inserted up there
+        since are current at its high watermark anyway, and when it comes back short it
+        proves which mirror keys past the table's old end no longer exist. A planned chunk
+        that reaches the bound reads on past it in its own window; a filtered range's chunks
+        (not planned) and a range resumed at the bound read past it in one chunk more.
         """
         table = progress.table
         schema = self.dialect.table_schema(table)
@@ -595,7 +599,7 @@ class Capturer:
             )
             inflight.append(wid)
             report.chunks += 1
-            if reached_end and not bounded:
+            if (reached_end and not bounded) or held.ends_range:
                 break
             if reached_end:
                 past_bound = True
@@ -635,10 +639,18 @@ class Capturer:
         Returns the held chunk, its rows, the last key (where the next chunk starts: the
         planned end, the last key read, or ``after`` if none) and whether the chunk reached
         the end of ``(after, upper]``; ``not_final``: even then the range goes on (an
-        open-ended range's last chunk reads past ``upper``).
+        open-ended range's last chunk reads past ``upper``), unless the chunk's plan reaches
+        ``upper``: then it reads on past it itself, to the key space's end, and ends the
+        range in the same window (the held chunk's ``ends_range``).
         """
         filtered = keys is not None or (where is not None and bool(where.strip()))
         bounds = None if filtered else self._read_plan(table, after, upper, limit)
+        reads_on = (not_final and bounds is not None
+                    and (bounds[-1] is None or bounds[-1] == upper))
+        if reads_on:
+            assert bounds is not None
+            bounds = [*bounds[:-1], None]
+        read_to = None if reads_on else upper
         wid = uuid.uuid4().hex
         window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
         self.state.register_window(window, {
@@ -654,7 +666,7 @@ class Capturer:
         else:
             selected = reduce(DataFrame.union, [
                 self.dialect.read_chunk(self.spark, ChunkSpec(
-                    table, None, after_key=lo, upper_key=upper if hi is None else hi),
+                    table, None, after_key=lo, upper_key=read_to if hi is None else hi),
                     schema)
                 for lo, hi in zip(bounds, bounds[1:], strict=False)])
         order = ORDER_COLUMN
@@ -669,22 +681,24 @@ class Capturer:
         rows, read_last, counts = read_summary(
             tagged, schema, order,
             with_last=bounds is None or (bounds[-1] is None and upper is None))
-        held = HeldChunk(wid, schema, tagged, order, counts)
+        held = HeldChunk(wid, schema, tagged, order, counts, ends_range=reads_on)
         if bounds is None:
             outcome = _outcome(after, upper, rows, limit, read_last, keys, where, ends_range)
             last = read_last if read_last is not None else after
         else:
             end = bounds[-1]
-            outcome = planned_outcome(after=after, upper=upper, end=end, ends_range=ends_range)
-            # The chunk read (after, end], or (after, upper] when end is None: the next one
-            # starts there whatever order the rows came in (a planned select has no LIMIT,
-            # and MariaDB drops the ORDER BY of a subquery it merges).
+            outcome = planned_outcome(after=after, upper=read_to, end=end,
+                                      ends_range=ends_range or reads_on)
+            # The chunk read (after, end], or (after, upper] when end is None (past upper
+            # too when it reads on; it ends the range then): the next one starts there
+            # whatever order the rows came in (a planned select has no LIMIT, and MariaDB
+            # drops the ORDER BY of a subquery it merges).
             last = end if end is not None else (
                 upper if upper is not None else read_last if read_last is not None else after)
         deletes = outcome.delete_range
         self.state.put(chunk_path(wid), {
             "last_key": key_to_json(last),
-            "final": outcome.final and not not_final,
+            "final": outcome.final and (reads_on or not not_final),
             "capture_id": capture_id, "range_id": range_id,
             "delete_range": None if deletes is None else {
                 "after": key_to_json(deletes[0]), "through": key_to_json(deletes[1]),

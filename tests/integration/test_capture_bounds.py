@@ -489,6 +489,62 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
             is None
 
 
+def test_a_ranges_last_planned_chunk_reads_on_past_its_fixed_bound_in_the_same_window(
+    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range whose upper bound was fixed from "open" ends with a read past that bound
+    (rows inserted up there since the bound was fixed). When a planned chunk reaches the
+    bound, that read is part of it: the chunk reads on to the key space's end and ends the
+    range, so a table smaller than a chunk is captured in one window, not two."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = make_db(services, prefix="cb",
+                 ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT NOT NULL)"])
+    conn = connect(services, db)
+    with conn.cursor() as cur:  # 40 rows when the bound was fixed at 40, 5 inserted since
+        cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, 46)])
+    conn.close()
+    table = TableId(db, "t")
+    config = parse_config(config_dict(
+        source=f"cb-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
+        lake=tmp_path / "lake", server_id=7608, chunk_size=25,
+    ))
+    with open_runtime(config) as rt:
+        capturer = rt.capturer()
+        schema = rt.dialect.table_schema(table)
+        capture_id = capturer.plan(CaptureRequest((table,)))
+        range_id = next(iter(rt.state.list_ranges(capture_id)))
+
+        def note(after: Any, limit: int) -> tuple[dict[str, Any], int, Any, bool]:
+            held, rows, last, reached_end = capturer._chunk(
+                capture_id, range_id, table, schema, after, (40,), None, None, limit,
+                not_final=True)
+            found = rt.state.get(chunk_path(held.window_id))
+            assert found is not None
+            return found.value, rows, last, reached_end
+
+        # A chunk that stops short of the bound reads its planned extent only.
+        doc, rows, last, reached_end = note(None, 25)
+        assert (rows, last, reached_end, doc["final"]) == (25, (25,), False, False)
+        assert doc["delete_range"] == {"after": None, "through": [25]}
+        # One that reaches it reads on past it, ends the range, and proves every key above
+        # ``after`` that it did not return gone.
+        doc, rows, last, reached_end = note((25,), 25)
+        assert (rows, last, reached_end, doc["final"]) == (20, (40,), True, True)
+        assert doc["delete_range"] == {"after": [25], "through": None}
+        doc, rows, last, reached_end = note(None, 100)
+        assert (rows, reached_end, doc["final"]) == (45, True, True)
+        assert doc["delete_range"] == {"after": None, "through": None}
+        rt.state.delete("", recursive=True)
+
+    with runtime(services, tmp_path / "whole", db, ["t"], server_id=7609,
+                 chunk_size=100) as (rt, bg):
+        reports = capture_within(rt, bg, [table], deadline_s=300)
+        assert (reports[0].chunks, reports[0].rows_selected) == (1, 45), reports
+        rt.wait_caught_up(bg.check)
+        assert_captured_once(rt, services, db, "t", ["id"])
+        assert_mirror_equals_source(rt, table)
+
+
 def test_a_stopped_capture_stops_waiting_for_its_windows_and_a_rerun_finishes_it(
     services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
