@@ -91,6 +91,10 @@ def test_impact_bench_smoke(services: Endpoints, tmp_path: Path) -> None:
             assert row[side]["achieved_tps"] > 0
         pipeline = row["with"]["pipeline"]
         assert len(pipeline["ramp_seconds"]) == 2 and pipeline["rows_captured"] >= 0
+        # A capture ran beside the writer: its first chunk was emitted before the writer
+        # began (the rows it captures while the writer runs may be none in 2 s windows).
+        assert pipeline["first_chunk_before_writing"] is True
+        assert pipeline["rows_captured_in_all"] >= 2000, pipeline
         # The second round begins where the first ended: the capture runs on.
         assert pipeline["ramp_seconds"][0] > 0 and pipeline["ramp_seconds"][1] == 0
         assert row["ratio"]["p50"] > 0 and row["ratio"]["p99"] > 0
