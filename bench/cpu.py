@@ -82,16 +82,23 @@ def snapshot() -> dict[str, float]:
     fields = None if jvm is None else _stat_fields(Path(f"/proc/{jvm}/stat"))
     if fields is not None:
         out["jvm"] = _cpu_s(fields)
-        for task in Path(f"/proc/{jvm}/task").glob("*"):
-            fields = _stat_fields(task / "stat")
-            try:
-                name = re.sub(r"\s+", " ", (task / "comm").read_text().strip())
-            except OSError:
-                continue
-            group = _jvm_group(name)
-            if fields is not None and group != "other":
-                out[f"jvm_{group}"] += _cpu_s(fields)
+        for name, seconds in _thread_cpu(jvm):
+            group = _jvm_group(re.sub(r"\s+", " ", name))
+            if group != "other":
+                out[f"jvm_{group}"] += seconds
     return dict(out)
+
+
+def _thread_cpu(pid: int) -> Iterator[tuple[str, float]]:
+    """Each live thread of ``pid``: its name (``comm``) and CPU seconds so far."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        fields = _stat_fields(task / "stat")
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if fields is not None:
+            yield name, _cpu_s(fields)
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -120,14 +127,8 @@ def jvm_threads() -> dict[str, float]:
     jvm = _jvm_pid()
     if jvm is None:
         return {}
-    for task in Path(f"/proc/{jvm}/task").glob("*"):
-        fields = _stat_fields(task / "stat")
-        try:
-            name = re.sub(r"\d+", "N", (task / "comm").read_text().strip())
-        except OSError:
-            continue
-        if fields is not None:
-            out[name] += _cpu_s(fields)
+    for name, seconds in _thread_cpu(jvm):
+        out[re.sub(r"\d+", "N", name)] += seconds
     return dict(out)
 
 
