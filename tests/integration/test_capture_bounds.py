@@ -446,17 +446,18 @@ def test_a_planned_chunks_summary_counts_its_rows_without_sorting_them(spark: An
 # ---- 4. chunk coverage for deletes ------------------------------------------------------------
 
 
-def _small_table(services: Endpoints, tmp_path: Path, *, rows: int, server_id: int
-                 ) -> tuple[str, Any]:
-    """A new database whose table ``t (id INT PRIMARY KEY, v INT)`` holds ids 1..rows, and
-    a configuration of it with 25-row chunks."""
+def _small_table(services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+                 rows: int, server_id: int) -> tuple[TableId, Any]:
+    """A new database's table ``t (id INT PRIMARY KEY, v INT)`` holding ids 1..rows, and a
+    configuration of it with 25-row chunks (its password in the environment)."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = make_db(services, prefix="cb",
                  ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT NOT NULL)"])
     conn = connect(services, db)
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO t VALUES (%s, %s)", [(i, i) for i in range(1, rows + 1)])
     conn.close()
-    return db, parse_config(config_dict(
+    return TableId(db, "t"), parse_config(config_dict(
         source=f"cb-{uuid.uuid4().hex[:8]}", ep=services, tables=[f"{db}.t"],
         lake=tmp_path / "lake", server_id=server_id, chunk_size=25,
     ))
@@ -469,9 +470,7 @@ def test_chunk_documents_name_the_key_range_their_select_read_completely(
     read completely (the tailer deletes mirror keys of that range the select did not return):
     up to the last key of a full chunk, up to the range's upper bound of a short one, and
     nothing for a filtered capture."""
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db, config = _small_table(services, tmp_path, rows=40, server_id=7607)
-    table = TableId(db, "t")
+    table, config = _small_table(services, tmp_path, monkeypatch, rows=40, server_id=7607)
     with open_runtime(config) as rt:
         capturer = rt.capturer()
         schema = rt.dialect.table_schema(table)
@@ -503,10 +502,8 @@ def test_a_ranges_last_planned_chunk_reads_on_past_its_fixed_bound_in_the_same_w
     (rows inserted up there since the bound was fixed). When a planned chunk reaches the
     bound, that read is part of it: the chunk reads on to the key space's end and ends the
     range, so a table smaller than a chunk is captured in one window, not two."""
-    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     # 40 rows when the bound was fixed at 40, 5 inserted since
-    db, config = _small_table(services, tmp_path, rows=45, server_id=7608)
-    table = TableId(db, "t")
+    table, config = _small_table(services, tmp_path, monkeypatch, rows=45, server_id=7608)
     with open_runtime(config) as rt:
         capturer = rt.capturer()
         schema = rt.dialect.table_schema(table)
@@ -535,12 +532,12 @@ def test_a_ranges_last_planned_chunk_reads_on_past_its_fixed_bound_in_the_same_w
         assert doc["delete_range"] == {"after": None, "through": None}
         rt.state.delete("", recursive=True)
 
-    with runtime(services, tmp_path / "whole", db, ["t"], server_id=7609,
+    with runtime(services, tmp_path / "whole", table.database, ["t"], server_id=7609,
                  chunk_size=100) as (rt, bg):
         reports = capture_within(rt, bg, [table], deadline_s=300)
         assert (reports[0].chunks, reports[0].rows_selected) == (1, 45), reports
         rt.wait_caught_up(bg.check)
-        assert_captured_once(rt, services, db, "t", ["id"])
+        assert_captured_once(rt, services, table.database, "t", ["id"])
         assert_mirror_equals_source(rt, table)
 
 
