@@ -54,6 +54,7 @@ from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chun
 from pipeline.lake.sink import DeltaSink
 from pipeline.lake.types import quote_ident
 from pipeline.outage import ride_out
+from pipeline.parallel import run_at_once
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import RangeProgress, StateStore, WindowState
 from pipeline.throttle import RowRate
@@ -70,6 +71,8 @@ class CaptureOptions:
     ``chunk_target_seconds``."""
     chunk_target_seconds: float = CaptureConfig.chunk_target_seconds
     max_in_flight: int = CaptureConfig.max_in_flight
+    parallel_ranges: int = CaptureConfig.parallel_ranges
+    """Ranges of a capture that run at once (:meth:`Capturer.run`)."""
     read_partitions: int = CaptureConfig.read_partitions
     """A chunk of ``read_partitions * read_partition_rows`` rows or more is read by this
     many selects at once, each over its own key range (planned first)."""
@@ -337,7 +340,10 @@ class Capturer:
         stop: threading.Event | None = None,
         on_progress: Callable[[RangeReport], None] | None = None,
     ) -> list[RangeReport]:
-        """Run every unfinished range of the capture, in order; returns one report each.
+        """Run every unfinished range of the capture, ``parallel_ranges`` at a time in
+        their order; returns one report each, in their order (a range that a pause, cancel
+        or stop kept from starting reports as such). A range that fails stops the others,
+        and its error is raised.
 
         A source or ZooKeeper restart meanwhile is ridden out: the capture goes on from its
         saved progress (ranges already done report as done again)."""
@@ -354,21 +360,36 @@ class Capturer:
         stop: threading.Event | None = None,
         on_progress: Callable[[RangeReport], None] | None = None,
     ) -> list[RangeReport]:
-        reports = []
         range_ids = sorted(self.state.list_ranges(capture_id))
         if not range_ids:
             raise DblogError(f"capture {capture_id} has no key ranges (its creation was "
                              "interrupted): cancel it and start a new capture")
-        for range_id in range_ids:
-            report = self.run_range(capture_id, range_id, stop=stop, on_progress=on_progress)
-            reports.append(report)
-            if report.status in ("paused", "cancelled", "stopped"):
-                break
+        ran = run_at_once(
+            range_ids,
+            lambda range_id, halt: self.run_range(capture_id, range_id, stop=halt,
+                                                  on_progress=on_progress),
+            workers=self.options.parallel_ranges, stop=stop,
+            ends_early=lambda report: report.status in ("paused", "cancelled", "stopped"),
+            name=f"capture-{capture_id}")
+        by_range = {report.range_id: report for report in ran}
+        reports = [by_range.get(range_id) or self._not_started(capture_id, range_id)
+                   for range_id in range_ids]
         if all(r.status == "done" for r in reports):
             found = self.state.get_capture(capture_id)
             if found is not None and found.value.status == "running":
                 self.state.set_capture_status(capture_id, "done", found.version)
         return reports
+
+    def _not_started(self, capture_id: str, range_id: str) -> RangeReport:
+        """The report of a range a pause, cancel or stop kept from starting."""
+        progress = self._progress(capture_id, range_id)
+        status = self._status(capture_id)
+        return RangeReport(capture_id, range_id, progress.table,
+                           status="done" if progress.done
+                           else status if status in ("paused", "cancelled") else "stopped",
+                           rows_emitted=progress.rows_emitted,
+                           rows_dropped=progress.rows_dropped,
+                           rows_deleted=progress.rows_deleted)
 
     def _status(self, capture_id: str) -> str:
         found = self.state.get_capture(capture_id)

@@ -102,6 +102,10 @@ class CaptureConfig:
     chunk_max_rows: int = 500_000
     chunk_target_seconds: float = 15.0
     max_in_flight: int = 4
+    parallel_ranges: int = 2
+    """Key ranges of one capture run at once, each with its own chunks and windows (a
+    capture of many tables, or of many Dagster partitions, moves several ranges along while
+    each waits for its windows' commits)."""
     range_rows: int = 100000
     read_partitions: int = 1
     """A large chunk is read by this many selects at once, each over its own key range. One

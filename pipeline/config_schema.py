@@ -199,6 +199,7 @@ class CaptureSection(_Section):
     chunk_max_rows: Positive | None = None
     chunk_target_seconds: PositiveFloat | None = None
     max_in_flight: Positive | None = None
+    parallel_ranges: Positive | None = None
     range_rows: Positive | None = None
     read_partitions: Positive | None = None
     read_partition_rows: Positive | None = None
