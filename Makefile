@@ -50,6 +50,7 @@ clean: services-down
 .PHONY: bench
 bench: services-up  ## capture and tail benchmarks against plain baselines (bench/results/*.json)
 	@$(PY) -m bench.bench_capture
+	@$(PY) -m bench.bench_capture_tables
 	@$(PY) -m bench.bench_select
 	@$(PY) -m bench.bench_tail
 	@$(PY) -m bench.bench_current

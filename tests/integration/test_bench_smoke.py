@@ -131,3 +131,18 @@ def test_select_bench_smoke(services: Endpoints, spark: SparkSession, tmp_path: 
         assert doc["results"][variant]["rows"] == 2000
         assert doc["results"][variant]["seconds"] > 0
     assert doc["results"]["planned_over_limit"]["seconds"] > 0
+
+
+def test_capture_tables_bench_smoke(services: Endpoints, spark: SparkSession,
+                                    tmp_path: Path) -> None:
+    from bench import bench_capture_tables
+
+    out = tmp_path / "capture-tables.json"
+    assert bench_capture_tables.main(["--smoke", "--output", str(out)]) == 0
+    doc = smoke_result(out, "capture-tables")
+    [row] = doc["results"]
+    assert row["baseline"]["rows"] == 400 and row["baseline"]["rows_per_s"] > 0
+    for parallel in (1, 2):
+        capture = row[f"dblog_p{parallel}"]
+        assert capture["parallel_ranges"] == parallel and capture["complete"]
+        assert capture["rows"] == 400 and capture["ratio"] > 0
