@@ -11,7 +11,8 @@ ten columns), then, in one process and on one SparkSession warmed up by a small 
   ``capture.parallel_ranges`` in ``--parallel``, each from a fresh ZooKeeper root and lake.
 
 ``--rounds`` repeats the whole set (the settings in reverse order every other round), so
-each figure has neighbours taken beside it. Prints
+each figure has neighbours taken beside it. The first round's first capture pays most of
+the JVM's compilation (it follows only a small warm-up): compare later rounds. Prints
 seconds and rows/s of each, dblog / baseline, and writes ``bench/results/capture-tables.json``.
 
     .venv/bin/python -m bench.bench_capture_tables [--tables 10] [--rows 5000]
