@@ -108,12 +108,12 @@ def test_a_failing_range_stops_the_one_beside_it_and_a_rerun_finishes_the_captur
     way: that range fails, the other stops beside it, the error is raised, and once the
     grant is back a rerun finishes both exactly."""
     db = make_db(services, prefix="pr", ddl=[TABLE_DDL % "denied", TABLE_DDL % "big"])
-    fill(services, db, "denied", 3000)
-    fill(services, db, "big", 3000)
+    fill(services, db, "denied", 1000)
+    fill(services, db, "big", 1000)
     denied, big = TableId(db, "denied"), TableId(db, "big")
     with user_reading(services, db, ["denied", "big"]) as (user, password):
         monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", password)
-        # 50-row chunks (they do not grow): sixty windows a table.
+        # 50-row chunks (they do not grow): twenty windows a table.
         with runtime(replace(services, user=user), tmp_path, db, ["denied", "big"],
                      server_id=7612, chunk_size=50) as (rt, bg):
             capturer = rt.capturer()
