@@ -34,12 +34,13 @@ def run_at_once(
     No further item starts once a result ``ends_early`` (the items under way go on: they
     meet the same reason themselves), once ``stop`` is set or once an item raised. ``halt``
     is set when ``stop`` is (seen within ``poll_s``) and when an item raised; every item
-    under way is then awaited and the first exception raised. With one worker the items run
-    in the calling thread, ``halt`` being ``stop`` itself.
+    under way is then awaited and the first exception raised. With one worker, or one item
+    (a capture of one table), the items run in the calling thread, ``halt`` being ``stop``
+    itself.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers!r}")
-    if workers == 1:
+    if workers == 1 or len(items) <= 1:
         own = stop or threading.Event()
         results = []
         for item in items:

@@ -122,7 +122,7 @@ def test_the_callers_stop_halts_the_items_under_way_and_starts_no_more() -> None
     assert sorted(ran) == [0, 1]
 
 
-def test_one_worker_runs_the_items_in_the_callers_thread_with_its_stop() -> None:
+def test_one_worker_or_one_item_runs_in_the_callers_thread_with_its_stop() -> None:
     stop = threading.Event()
     seen: list[tuple[str, bool]] = []
 
@@ -131,7 +131,8 @@ def test_one_worker_runs_the_items_in_the_callers_thread_with_its_stop() -> None
         return item
 
     assert run_at_once([5, 6], work, workers=1, stop=stop, ends_early=lambda _: False) == [5, 6]
-    assert seen == [(threading.current_thread().name, True)] * 2
+    assert run_at_once([7], work, workers=2, stop=stop, ends_early=lambda _: False) == [7]
+    assert seen == [(threading.current_thread().name, True)] * 3
 
 
 class InterruptOnPoll(threading.Event):
