@@ -43,6 +43,16 @@ def make_db(ep: Endpoints, ddl: list[str], prefix: str = "t") -> str:
     return db
 
 
+def run_statements(conn: Any, *statements: str | tuple[str, Any]) -> None:
+    """Run statements on ``conn``, in order; a tuple is a statement and its arguments."""
+    with conn.cursor() as cur:
+        for statement in statements:
+            if isinstance(statement, tuple):
+                cur.execute(*statement)
+            else:
+                cur.execute(statement)
+
+
 def execute(ep: Endpoints, db: str, *statements: str) -> None:
     """Run statements in ``db``, each committed on its own."""
     conn = connect(ep, db)

@@ -15,6 +15,7 @@ from pipeline.sources.base import ChunkSpec, Column, TableSchema, Transaction
 from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.snapshot import spark_schema
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from tests.integration.helpers import run_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,7 +62,7 @@ def test_log_reader_stops_at_a_compressed_event_instead_of_skipping_it(
     """Compression switched on after the tailer started: mysql-replication cannot decode the
     event and would skip it (row 1 lost, row 2 read). The reader must stop there instead."""
     table = TableId(db, "t")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v TEXT)")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v TEXT)")
     start = dialect.head_position()
     original = global_variable(sql, "log_bin_compress")
     with sql.cursor() as cur:
@@ -88,16 +89,10 @@ def test_log_reader_stops_at_a_compressed_event_instead_of_skipping_it(
 # -- zero dates ------------------------------------------------------------------------------
 
 
-def execute(conn: Any, *statements: str) -> None:
-    with conn.cursor() as cur:
-        for stmt in statements:
-            cur.execute(stmt)
-
-
 def lax_inserts(conn: Any, *statements: str) -> None:
     """Run inserts in a session whose sql_mode allows zero and invalid dates (any client
     can do this, whatever the server's global sql_mode)."""
-    execute(conn, "SET SESSION sql_mode = ''", *statements, "SET SESSION sql_mode = DEFAULT")
+    run_statements(conn, "SET SESSION sql_mode = ''", *statements, "SET SESSION sql_mode = DEFAULT")
 
 
 @pytest.mark.parametrize("key_type", ["DATE", "DATETIME(3)", "TIMESTAMP"])
@@ -107,8 +102,8 @@ def test_table_schema_warns_of_a_temporal_key_that_can_hold_zero_dates(
     global_mode = execute_scalar(sql, "SELECT @@GLOBAL.sql_mode")
     assert "NO_ZERO_DATE" not in global_mode, "the local server is expected to admit zero dates"
     table = TableId(db, "by_day")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT NOT NULL, d {key_type} NOT NULL,"
-                 " PRIMARY KEY (id, d))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT NOT NULL, d {key_type}"
+                        " NOT NULL, PRIMARY KEY (id, d))")
     with caplog.at_level("WARNING", logger="pipeline.sources.mysql.schema"):
         assert dialect.table_schema(table).key == ("id", "d")  # capturable; warned once
         dialect.table_schema(table)
@@ -119,7 +114,8 @@ def test_table_schema_warns_of_a_temporal_key_that_can_hold_zero_dates(
     assert "NO_ZERO_DATE" in message and "'0000-00-00'" in message
     # a temporal column outside the key is fine
     other = TableId(db, "with_dates")
-    execute(sql, f"CREATE TABLE {quote_table(other)} (id INT PRIMARY KEY, d {key_type} NULL)")
+    run_statements(sql, f"CREATE TABLE {quote_table(other)} (id INT PRIMARY KEY, d {key_type}"
+                        " NULL)")
     assert dialect.table_schema(other).key == ("id",)
 
 
@@ -147,10 +143,10 @@ def test_log_reader_stops_on_zero_date_keys_instead_of_merging_them(
 ) -> None:
     """'0000-00-00' and '2020-00-15' both decode as NULL: two rows, one lake key."""
     table = TableId(db, "zero_keys")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (d DATE NOT NULL PRIMARY KEY, v INT)")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (d DATE NOT NULL PRIMARY KEY, v INT)")
     start = dialect.head_position()
     t = quote_table(table)
-    execute(sql, f"INSERT INTO {t} VALUES ('2020-01-15', 0)")
+    run_statements(sql, f"INSERT INTO {t} VALUES ('2020-01-15', 0)")
     lax_inserts(sql, f"INSERT INTO {t} VALUES ('0000-00-00', 1)",
                 f"INSERT INTO {t} VALUES ('2020-00-15', 2)")
     good = read_all(dialect, start, table, 1)
@@ -169,9 +165,9 @@ def test_chunk_read_fails_on_a_zero_date_key_instead_of_merging_it(
 ) -> None:
     table = TableId(db, "zero_keys")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (d DATETIME NOT NULL, n INT NOT NULL, v INT,"
-                 " PRIMARY KEY (d, n))",
-            f"INSERT INTO {t} VALUES ('2020-01-15 10:00:00', 1, 1), ('2021-01-01', 1, 2)")
+    run_statements(sql, f"CREATE TABLE {t} (d DATETIME NOT NULL, n INT NOT NULL, v INT,"
+                        " PRIMARY KEY (d, n))",
+                   f"INSERT INTO {t} VALUES ('2020-01-15 10:00:00', 1, 1), ('2021-01-01', 1, 2)")
     # the table_schema refusal is what stops this table first; build the schema by hand
     schema = TableSchema(table, (
         Column("d", "TIMESTAMP_NTZ", False, "datetime(0)"), Column("n", "INT", False, "int"),
@@ -193,8 +189,8 @@ def test_unrepresentable_dates_outside_the_key_read_as_null_from_log_and_chunks(
     """Zero, partial zero and year-0 dates: NULL from the log and from chunk selects alike."""
     table = TableId(db, "zero_values")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(3) NULL,"
-                 " ts TIMESTAMP NULL)")
+    run_statements(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(3) NULL,"
+                        " ts TIMESTAMP NULL)")
     start = dialect.head_position()
     values = {
         1: ("0000-00-00", "0000-00-00 00:00:00", "0000-00-00 00:00:00"),
@@ -225,17 +221,17 @@ def test_invalid_dates_read_as_null_from_chunks_and_leap_days_as_they_are(
     leap days read as they are, at every fraction."""
     table = TableId(db, "invalid_dates")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(6) NULL,"
-                 " dt0 DATETIME NULL, ts TIMESTAMP(3) NULL)")
-    execute(sql, "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'",
-            *(f"INSERT INTO {t} VALUES ({i}, '{d}', '{d} 23:59:59.999999', '{d} 10:00:00',"
-              " NULL)" for i, d in enumerate(["2020-02-31", "2021-02-29", "1900-02-29",
-                                              "2023-04-31", "2023-11-31"], start=1)),
-            f"INSERT INTO {t} VALUES (6, '2000-02-29', '2000-02-29 23:59:59.999999',"
-            " '2024-02-29 00:00:00', '2036-02-29 12:34:56.789')",
-            f"INSERT INTO {t} VALUES (7, '2024-12-31', '1969-12-31 23:59:59.000001',"
-            " '1970-01-01 00:00:00', '2038-01-19 03:14:07.999')",
-            "SET SESSION sql_mode = DEFAULT")
+    run_statements(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, d DATE NULL, dt DATETIME(6) NULL,"
+                        " dt0 DATETIME NULL, ts TIMESTAMP(3) NULL)")
+    run_statements(sql, "SET SESSION sql_mode = 'ALLOW_INVALID_DATES'",
+                   *(f"INSERT INTO {t} VALUES ({i}, '{d}', '{d} 23:59:59.999999', '{d} 10:00:00',"
+                     " NULL)" for i, d in enumerate(["2020-02-31", "2021-02-29", "1900-02-29",
+                                                     "2023-04-31", "2023-11-31"], start=1)),
+                   f"INSERT INTO {t} VALUES (6, '2000-02-29', '2000-02-29 23:59:59.999999',"
+                   " '2024-02-29 00:00:00', '2036-02-29 12:34:56.789')",
+                   f"INSERT INTO {t} VALUES (7, '2024-12-31', '1969-12-31 23:59:59.000001',"
+                   " '1970-01-01 00:00:00', '2038-01-19 03:14:07.999')",
+                   "SET SESSION sql_mode = DEFAULT")
     schema = dialect.table_schema(table)
     chunk = dialect.read_chunk(spark, ChunkSpec(table, limit=10), schema).collect()
     utc = dt.UTC
@@ -273,22 +269,22 @@ def test_spark_orders_keys_like_source_per_key_type(
 ) -> None:
     for i, (key_type, expected) in enumerate(KEY_ORDER_CASES):
         table = TableId(db, f"k{i}")
-        execute(sql, f"CREATE TABLE {quote_table(table)} (k {key_type} NOT NULL PRIMARY KEY,"
-                     " v INT)")
+        run_statements(sql, f"CREATE TABLE {quote_table(table)} (k {key_type} NOT NULL PRIMARY KEY,"
+                            " v INT)")
         assert dialect.spark_orders_keys_like_source(table) is expected, key_type
     # prefix keys on BLOB/TEXT order by the whole value, like Spark
     blob, text = TableId(db, "blob_key"), TableId(db, "text_key")
-    execute(sql, f"CREATE TABLE {quote_table(blob)} (b BLOB NOT NULL, PRIMARY KEY (b(10)))",
-            f"CREATE TABLE {quote_table(text)} (t TEXT CHARACTER SET utf8mb4 COLLATE"
-            " utf8mb4_nopad_bin NOT NULL, PRIMARY KEY (t(10)))")
+    run_statements(sql, f"CREATE TABLE {quote_table(blob)} (b BLOB NOT NULL, PRIMARY KEY (b(10)))",
+                   f"CREATE TABLE {quote_table(text)} (t TEXT CHARACTER SET utf8mb4 COLLATE"
+                   " utf8mb4_nopad_bin NOT NULL, PRIMARY KEY (t(10)))")
     assert dialect.spark_orders_keys_like_source(blob)
     assert dialect.spark_orders_keys_like_source(text)
     # composite: every key column must qualify (and only key columns count)
     good, bad = TableId(db, "good"), TableId(db, "bad")
-    execute(sql, f"CREATE TABLE {quote_table(good)} (a INT NOT NULL, b DATE NOT NULL,"
-                 " c VARCHAR(5) COLLATE utf8mb4_unicode_ci, f FLOAT, PRIMARY KEY (b, a))",
-            f"CREATE TABLE {quote_table(bad)} (a INT NOT NULL, b VARCHAR(5) NOT NULL,"
-            " PRIMARY KEY (a, b))")
+    run_statements(sql, f"CREATE TABLE {quote_table(good)} (a INT NOT NULL, b DATE NOT NULL,"
+                        " c VARCHAR(5) COLLATE utf8mb4_unicode_ci, f FLOAT, PRIMARY KEY (b, a))",
+                   f"CREATE TABLE {quote_table(bad)} (a INT NOT NULL, b VARCHAR(5) NOT NULL,"
+                   " PRIMARY KEY (a, b))")
     assert dialect.spark_orders_keys_like_source(good)
     assert not dialect.spark_orders_keys_like_source(bad)
 
@@ -296,7 +292,7 @@ def test_spark_orders_keys_like_source_per_key_type(
 def test_spark_orders_keys_like_source_refuses_unknown_and_keyless_tables(
     dialect: MySqlDialect, sql: Any, db: str
 ) -> None:
-    execute(sql, f"CREATE TABLE {quote_ident(db)}.nokey (a INT)")
+    run_statements(sql, f"CREATE TABLE {quote_ident(db)}.nokey (a INT)")
     with pytest.raises(SourceError, match="has no primary key"):
         dialect.spark_orders_keys_like_source(TableId(db, "nokey"))
     with pytest.raises(SourceError, match="does not exist"):
@@ -317,8 +313,8 @@ def test_key_order_decision_matches_the_database(
 ) -> None:
     """The database's ORDER BY against Spark's sort of the same canonical values."""
     table = TableId(db, "texts")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (k VARCHAR(10) CHARACTER SET utf8mb4"
-                 f" COLLATE {collation} NOT NULL PRIMARY KEY)")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (k VARCHAR(10) CHARACTER SET utf8mb4"
+                        f" COLLATE {collation} NOT NULL PRIMARY KEY)")
     with sql.cursor() as cur:
         cur.executemany(f"INSERT INTO {quote_table(table)} VALUES (%s)", TRICKY)
         cur.execute(f"SELECT k FROM {quote_table(table)} ORDER BY k")

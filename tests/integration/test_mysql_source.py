@@ -22,7 +22,7 @@ from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.binlog import MySqlLogReader
 from pipeline.sources.mysql.snapshot import read_chunk, spark_schema
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
-from tests.integration.helpers import make_settings
+from tests.integration.helpers import make_settings, run_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,15 +33,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 UTC = dt.UTC
-
-
-def execute(conn: Any, *statements: str | tuple[str, Any]) -> None:
-    with conn.cursor() as cur:
-        for stmt in statements:
-            if isinstance(stmt, tuple):
-                cur.execute(*stmt)
-            else:
-                cur.execute(stmt)
 
 
 def read_until(reader: MySqlLogReader, count: int, timeout: float = 20.0) -> list[Transaction]:
@@ -80,8 +71,8 @@ def test_validate_refuses_a_user_without_replication_privileges(
 ) -> None:
     user = f"dblog_ro_{uuid.uuid4().hex[:8]}"
     password = uuid.uuid4().hex
-    execute(sql, ("CREATE USER %s@'127.0.0.1' IDENTIFIED BY %s", (user, password)),
-            ("GRANT SELECT ON *.* TO %s@'127.0.0.1'", (user,)))
+    run_statements(sql, ("CREATE USER %s@'127.0.0.1' IDENTIFIED BY %s", (user, password)),
+                   ("GRANT SELECT ON *.* TO %s@'127.0.0.1'", (user,)))
     try:
         d = MySqlDialect(make_settings(services, user=user, password=password))
         with pytest.raises(SourceError) as err:
@@ -92,7 +83,7 @@ def test_validate_refuses_a_user_without_replication_privileges(
         assert "missing privilege SELECT" not in message
         d.close()
     finally:
-        execute(sql, ("DROP USER %s@'127.0.0.1'", (user,)))
+        run_statements(sql, ("DROP USER %s@'127.0.0.1'", (user,)))
 
 
 def test_wrong_password_is_access_denied(services: Endpoints) -> None:
@@ -118,7 +109,7 @@ def test_unreachable_port_is_source_unavailable(services: Endpoints) -> None:
 def test_unknown_table_and_table_without_primary_key(
     dialect: MySqlDialect, sql: Any, db: str
 ) -> None:
-    execute(sql, f"CREATE TABLE {quote_ident(db)}.nokey (a INT, b TEXT)")
+    run_statements(sql, f"CREATE TABLE {quote_ident(db)}.nokey (a INT, b TEXT)")
     with pytest.raises(SourceError, match=f"table {db}.nokey has no primary key; DBLog needs "
                        "one to chunk and to merge"):
         dialect.table_schema(TableId(db, "nokey"))
@@ -197,7 +188,7 @@ def create_all_types(sql: Any, table: TableId) -> None:
     marks = ", ".join(["%s"] * len(COLUMNS))
     names = ", ".join(COLUMNS)
     insert = f"INSERT INTO {quote_table(table)} ({names}) VALUES ({marks})"
-    execute(
+    run_statements(
         sql,
         f"CREATE TABLE {quote_table(table)} {ALL_TYPES_DDL}",
         "SET time_zone = '+05:00'",
@@ -218,7 +209,7 @@ def test_every_type_decodes_exactly_from_the_log(
     table = TableId(db, "all_types")
     start = dialect.head_position()
     create_all_types(sql, table)
-    execute(
+    run_statements(
         sql,
         f"UPDATE {quote_table(table)} SET vc = 'ü😀', tm6 = '00:00:01.5', bt64 = 0 WHERE id = 1",
         f"DELETE FROM {quote_table(table)} WHERE id = 2",
@@ -263,7 +254,7 @@ def test_log_rows_and_chunk_rows_agree(
     table = TableId(db, "all_types")
     start = dialect.head_position()
     create_all_types(sql, table)
-    execute(sql, f"UPDATE {quote_table(table)} SET d = -0.5, st = 'y' WHERE id = 2")
+    run_statements(sql, f"UPDATE {quote_table(table)} SET d = -0.5, st = 'y' WHERE id = 2")
     schema = dialect.table_schema(table)
     latest: dict[Any, Any] = {}
     for event in logged_changes(dialect, start, table, 6):
@@ -288,7 +279,7 @@ def test_columns_a_chunk_selects_bare_read_as_the_log_decodes_them(
     CAST cost the server CPU on every row): zero-filled and unsigned integers, text in
     another character set and every TEXT size still read exactly as the log gives them."""
     table = TableId(db, "bare")
-    execute(
+    run_statements(
         sql,
         f"CREATE TABLE {quote_table(table)} (id BIGINT UNSIGNED ZEROFILL NOT NULL PRIMARY KEY,"
         " zf INT(6) UNSIGNED ZEROFILL, ti TINYINT(1), tiu TINYINT UNSIGNED,"
@@ -324,8 +315,8 @@ def test_composite_key_chunks_walk_the_table_once_in_order(
     dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
 ) -> None:
     table = TableId(db, "composite")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b VARCHAR(20) NOT NULL,"
-                 " v INT, PRIMARY KEY (a, b))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b VARCHAR(20)"
+                        " NOT NULL, v INT, PRIMARY KEY (a, b))")
     names = ["x", "Y", "é", "中", "a b", "it's", "`q`", "z😀"]
     rows = [(a, n, a * 100 + i) for a in range(1, 6) for i, n in enumerate(names)]
     with sql.cursor() as cur:
@@ -359,8 +350,8 @@ def test_a_planned_chunk_is_streamed_in_key_order_not_materialized(
     JDBC reader wraps it in (one with a LIMIT is materialized whole in a temporary table
     before the first row is sent), and its rows still come in the database's key order."""
     table = TableId(db, "planned")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b VARCHAR(20) NOT NULL,"
-                 " v INT, PRIMARY KEY (a, b))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b VARCHAR(20)"
+                        " NOT NULL, v INT, PRIMARY KEY (a, b))")
     names = ["x", "Y", "é", "中", "a b", "it's", "z😀"]
     with sql.cursor() as cur:
         cur.executemany(f"INSERT INTO {quote_table(table)} VALUES (%s, %s, %s)",
@@ -386,8 +377,8 @@ def test_chunk_keys_list_and_where_filter(
     dialect: MySqlDialect, sql: Any, db: str, spark: SparkSession
 ) -> None:
     table = TableId(db, "filtered")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b CHAR(3) NOT NULL,"
-                 " v INT, PRIMARY KEY (a, b))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (a INT NOT NULL, b CHAR(3) NOT NULL,"
+                        " v INT, PRIMARY KEY (a, b))")
     with sql.cursor() as cur:
         cur.executemany(f"INSERT INTO {quote_table(table)} VALUES (%s, %s, %s)",
                         [(a, b, a) for a in range(10) for b in ("p", "q")])
@@ -410,11 +401,11 @@ def test_hostile_identifiers_round_trip(
     database = f"db `q' é 中 {uuid.uuid4().hex[:6]}"
     table = TableId(database, "t `x' \"ü\" 表")
     key_col, val_col = "`id` 'k'", "va lue `é` \"q\""
-    execute(sql, f"CREATE DATABASE {quote_ident(database)}")
+    run_statements(sql, f"CREATE DATABASE {quote_ident(database)}")
     d = MySqlDialect(make_settings(services, watermark_database=database))
     try:
         start = d.head_position()
-        execute(
+        run_statements(
             sql,
             f"CREATE TABLE {quote_table(table)} ({quote_ident(key_col)} VARCHAR(20) NOT NULL"
             f" PRIMARY KEY, {quote_ident(val_col)} TEXT)",
@@ -446,7 +437,7 @@ def test_hostile_identifiers_round_trip(
         assert [tuple(r) for r in rows] == [("k 2", "'; DROP TABLE x; --")]
     finally:
         d.close()
-        execute(sql, f"DROP DATABASE {quote_ident(database)}")
+        run_statements(sql, f"DROP DATABASE {quote_ident(database)}")
 
 
 # -- transactions and positions ---------------------------------------------------------------
@@ -456,10 +447,10 @@ def test_multi_row_transaction_and_primary_key_update(
     dialect: MySqlDialect, sql: Any, db: str
 ) -> None:
     table = TableId(db, "tx")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v VARCHAR(10))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY, v VARCHAR(10))")
     start = dialect.head_position()
     t = quote_table(table)
-    execute(
+    run_statements(
         sql, "BEGIN", f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
         f"UPDATE {t} SET v = 'bb' WHERE id = 2", f"UPDATE {t} SET id = 10 WHERE id = 1",
         f"DELETE FROM {t} WHERE id = 3", "COMMIT",
@@ -500,15 +491,15 @@ def test_reads_resume_without_loss_and_watermarks_are_events(
     dialect: MySqlDialect, sql: Any, db: str
 ) -> None:
     table = TableId(db, "wm")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY)")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY)")
     dialect.ensure_watermark_table()
     dialect.ensure_watermark_table()  # idempotent
     start = dialect.head_position()
     low, high = str(uuid.uuid4()), str(uuid.uuid4())
     dialect.write_watermark(low)
-    execute(sql, f"INSERT INTO {quote_table(table)} VALUES (1)")
+    run_statements(sql, f"INSERT INTO {quote_table(table)} VALUES (1)")
     dialect.write_watermark(high)
-    execute(sql, f"INSERT INTO {quote_table(table)} VALUES (2)")
+    run_statements(sql, f"INSERT INTO {quote_table(table)} VALUES (2)")
     reader = dialect.open_log(start, [table])
     got: list[Transaction] = []
     try:
@@ -538,9 +529,10 @@ def test_reads_resume_without_loss_and_watermarks_are_events(
 def test_schema_change_between_writes(dialect: MySqlDialect, sql: Any, db: str) -> None:
     table = TableId(db, "evolving")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, old_col VARCHAR(5), e ENUM('a','b'))")
+    run_statements(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY, old_col VARCHAR(5),"
+                        " e ENUM('a','b'))")
     start = dialect.head_position()
-    execute(
+    run_statements(
         sql, f"INSERT INTO {t} VALUES (1, 'one', 'b')",
         f"ALTER TABLE {t} ADD COLUMN new_col DECIMAL(6,2) NOT NULL DEFAULT 1.5",
         f"INSERT INTO {t} VALUES (2, 'two', 'a', 2.25)",
@@ -571,10 +563,10 @@ def test_schema_change_between_writes(dialect: MySqlDialect, sql: Any, db: str) 
 def test_reader_reconnects_without_loss(dialect: MySqlDialect, sql: Any, db: str) -> None:
     table = TableId(db, "reconnect")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY)")
+    run_statements(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY)")
     start = dialect.head_position()
-    execute(sql, f"INSERT INTO {t} VALUES (1)", f"INSERT INTO {t} VALUES (2)",
-            "BEGIN", f"INSERT INTO {t} VALUES (3)", f"INSERT INTO {t} VALUES (4)", "COMMIT")
+    run_statements(sql, f"INSERT INTO {t} VALUES (1)", f"INSERT INTO {t} VALUES (2)",
+                   "BEGIN", f"INSERT INTO {t} VALUES (3)", f"INSERT INTO {t} VALUES (4)", "COMMIT")
     reader = dialect.open_log(start, [table])
     try:
         (first,) = read_until(reader, 1)
@@ -596,7 +588,7 @@ def test_the_log_connection_keeps_the_gil_between_packets(
     slower in a measurement. The binlog connection sets the timeout only when it changes."""
     table = TableId(db, "steady")
     t = quote_table(table)
-    execute(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY)")
+    run_statements(sql, f"CREATE TABLE {t} (id INT PRIMARY KEY)")
     start = dialect.head_position()
     with sql.cursor() as cur:
         for i in range(300):
@@ -623,10 +615,10 @@ def test_the_log_connection_keeps_the_gil_between_packets(
 
 def test_rotation_changes_the_file(dialect: MySqlDialect, sql: Any, db: str) -> None:
     table = TableId(db, "rot")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY)")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT PRIMARY KEY)")
     start = dialect.head_position()
-    execute(sql, f"INSERT INTO {quote_table(table)} VALUES (1)", "FLUSH BINARY LOGS",
-            f"INSERT INTO {quote_table(table)} VALUES (2)")
+    run_statements(sql, f"INSERT INTO {quote_table(table)} VALUES (1)", "FLUSH BINARY LOGS",
+                   f"INSERT INTO {quote_table(table)} VALUES (2)")
     reader = dialect.open_log(start, [table])
     try:
         first, second = read_until(reader, 2)

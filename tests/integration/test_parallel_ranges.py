@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from pipeline.events import TableId
 from pipeline.sample import connect
 from pipeline.services import Endpoints
 from pipeline.state import RangeProgress
-from tests.integration.helpers import make_db, wait_for
+from tests.integration.helpers import make_db, run_statements, wait_for
 from tests.integration.test_capture_bounds import (
     assert_captured_once,
     assert_mirror_equals_source,
@@ -57,8 +58,8 @@ def test_ranges_run_two_at_a_time_and_each_table_is_captured_once(
 
     # 100-row chunks (they do not grow): three windows and a few seconds per range.
     with runtime(services, tmp_path, db, names, server_id=7611, chunk_size=100) as (rt, bg):
-        assert rt.capturer().options.parallel_ranges == 2  # the default
         capturer = rt.capturer()
+        assert capturer.options.parallel_ranges == 2  # the default
         capturer.health_check = bg.check
         capture_id = capturer.plan(CaptureRequest(tuple(tables)))
         reports = capturer.run(capture_id, on_progress=record)
@@ -76,33 +77,23 @@ def test_ranges_run_two_at_a_time_and_each_table_is_captured_once(
 
 
 @contextmanager
-def user_reading(services: Endpoints, db: str, tables: list[str]
-                 ) -> Iterator[tuple[str, str]]:
+def user_reading(sql: Any, db: str, tables: list[str]) -> Iterator[tuple[str, str]]:
     """A source user that tails the log and may read only ``tables`` of ``db``."""
     user = f"dblog_pr_{uuid.uuid4().hex[:8]}"
     password = uuid.uuid4().hex
-    statements: list[tuple[str, tuple[str, ...]]] = [
-        ("CREATE USER %s@'127.0.0.1' IDENTIFIED BY %s", (user, password)),
+    run_statements(
+        sql, ("CREATE USER %s@'127.0.0.1' IDENTIFIED BY %s", (user, password)),
         ("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO %s@'127.0.0.1'", (user,)),
         ("GRANT ALL PRIVILEGES ON `dblog`.* TO %s@'127.0.0.1'", (user,)),
-    ] + [(f"GRANT SELECT ON `{db}`.`{t}` TO %s@'127.0.0.1'", (user,)) for t in tables]
-    run_as_admin(services, statements)
+        *[(f"GRANT SELECT ON `{db}`.`{t}` TO %s@'127.0.0.1'", (user,)) for t in tables])
     try:
         yield user, password
     finally:
-        run_as_admin(services, [("DROP USER %s@'127.0.0.1'", (user,))])
-
-
-def run_as_admin(services: Endpoints, statements: list[tuple[str, tuple[str, ...]]]) -> None:
-    conn = connect(services)
-    with conn.cursor() as cur:
-        for statement, args in statements:
-            cur.execute(statement, args)
-    conn.close()
+        run_statements(sql, ("DROP USER %s@'127.0.0.1'", (user,)))
 
 
 def test_a_failing_range_stops_the_one_beside_it_and_a_rerun_finishes_the_capture(
-    services: Endpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    services: Endpoints, sql: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline user loses SELECT on one table while both tables' ranges are under
     way: that range fails, the other stops beside it, the error is raised, and once the
@@ -111,7 +102,7 @@ def test_a_failing_range_stops_the_one_beside_it_and_a_rerun_finishes_the_captur
     fill(services, db, "denied", 1000)
     fill(services, db, "big", 1000)
     denied, big = TableId(db, "denied"), TableId(db, "big")
-    with user_reading(services, db, ["denied", "big"]) as (user, password):
+    with user_reading(sql, db, ["denied", "big"]) as (user, password):
         monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", password)
         # 50-row chunks (they do not grow): twenty windows a table.
         with runtime(replace(services, user=user), tmp_path, db, ["denied", "big"],
@@ -138,7 +129,7 @@ def test_a_failing_range_stops_the_one_beside_it_and_a_rerun_finishes_the_captur
             wait_for("both ranges to emit a chunk",
                      lambda: all(p.rows_emitted > 0 for p in progress().values()), 120)
             grant = (f"SELECT ON `{db}`.`denied`", (user,))
-            run_as_admin(services, [(f"REVOKE {grant[0]} FROM %s@'127.0.0.1'", grant[1])])
+            run_statements(sql, (f"REVOKE {grant[0]} FROM %s@'127.0.0.1'", grant[1]))
             runner.join(120)
             assert not runner.is_alive(), "the capture did not stop after its failure"
             assert len(failure) == 1 and "denied" in str(failure[0]), failure
@@ -146,7 +137,7 @@ def test_a_failing_range_stops_the_one_beside_it_and_a_rerun_finishes_the_captur
                         if t.name.startswith(f"capture-{capture_id}")]
             assert not progress()[big].done, "the big table's range went on after the failure"
 
-            run_as_admin(services, [(f"GRANT {grant[0]} TO %s@'127.0.0.1'", grant[1])])
+            run_statements(sql, (f"GRANT {grant[0]} TO %s@'127.0.0.1'", grant[1]))
             reports = capturer.run(capture_id)
             rt.wait_caught_up(bg.check)
             assert [r.status for r in reports] == ["done", "done"], reports
