@@ -15,9 +15,11 @@ services-up: setup  ## start MariaDB, PostgreSQL and ZooKeeper on loopback (idem
 services-down:
 	@$(PY) -m pipeline.cli services down
 
-lint: setup  ## ruff and mypy on the packages
+lint: setup  ## ruff and mypy on the packages; every test module imports (collection only)
 	@$(VENV)/bin/ruff check pipeline assets resources tests bench
 	@$(VENV)/bin/mypy
+	@$(PY) -m pytest tests -q --collect-only -p no:cacheprovider > /dev/null || \
+		$(PY) -m pytest tests -q --collect-only -p no:cacheprovider
 
 test-unit: setup  ## the pure, service-free tests only
 	@$(PY) -m pytest tests/unit -q

@@ -26,8 +26,7 @@ from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.binlog import MySqlLogReader
 from pipeline.sources.mysql.dumpstream import DumpStream, RawRows
 from pipeline.sources.mysql.sqltext import quote_ident, quote_table
-from tests.integration.helpers import make_settings
-from tests.integration.test_mysql_source import execute
+from tests.integration.helpers import make_settings, run_statements
 
 pytestmark = pytest.mark.integration
 
@@ -101,12 +100,12 @@ def _workload(sql: Any, dialect: MySqlDialect, db: str, rng: random.Random) -> i
 def test_raw_reading_gives_the_transactions_the_library_gives(
         dialect: MySqlDialect, sql: Any, db: str) -> None:
     tables = [TableId(db, "plain"), TableId(db, "odd"), TableId(db, "flat")]
-    execute(sql, f"CREATE TABLE {quote_table(tables[0])} {PLAIN}",
-            f"CREATE TABLE {quote_table(tables[1])} {ODD}",
-            f"CREATE TABLE {quote_table(tables[2])} (id INT PRIMARY KEY, v VARCHAR(9)) "
-            "ENGINE=MyISAM",
-            f"CREATE TABLE {quote_table(TableId(db, 'ignored'))} (id INT PRIMARY KEY, "
-            "v VARCHAR(20))")
+    run_statements(sql, f"CREATE TABLE {quote_table(tables[0])} {PLAIN}",
+                   f"CREATE TABLE {quote_table(tables[1])} {ODD}",
+                   f"CREATE TABLE {quote_table(tables[2])} (id INT PRIMARY KEY, v VARCHAR(9)) "
+                   "ENGINE=MyISAM",
+                   f"CREATE TABLE {quote_table(TableId(db, 'ignored'))} (id INT PRIMARY KEY, "
+                   "v VARCHAR(20))")
     dialect.ensure_watermark_table()
     start = dialect.head_position()
     expected = _workload(sql, dialect, db, random.Random(7))
@@ -128,7 +127,7 @@ def test_raw_rows_events_are_read_for_the_common_path(
     """The hot path really is the raw one: rows of compiled tables never go through the
     library's row parsing."""
     table = TableId(db, "plain")
-    execute(sql, f"CREATE TABLE {quote_table(table)} {PLAIN}")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} {PLAIN}")
     start = dialect.head_position()
     with sql.cursor() as cur:
         for key in range(50):
@@ -168,20 +167,20 @@ def test_table_ids_reused_by_a_restarted_server_decode_each_table_as_itself(
                                autocommit=True)
 
     with connect() as conn:
-        execute(conn, f"CREATE DATABASE {quote_ident(db)}",
-                f"CREATE TABLE {quote_table(a)} (id INT PRIMARY KEY, v INT)",
-                f"CREATE TABLE {quote_table(b)} (id INT PRIMARY KEY, w INT)")
+        run_statements(conn, f"CREATE DATABASE {quote_ident(db)}",
+                       f"CREATE TABLE {quote_table(a)} (id INT PRIMARY KEY, v INT)",
+                       f"CREATE TABLE {quote_table(b)} (id INT PRIMARY KEY, w INT)")
     dialect = MySqlDialect(make_settings(services, watermark_database=db))
     try:
         server.down()
         server.up()
         start = dialect.head_position()
         with connect() as conn:
-            execute(conn, f"INSERT INTO {quote_table(a)} VALUES (1, 10)")
+            run_statements(conn, f"INSERT INTO {quote_table(a)} VALUES (1, 10)")
         server.down()
         server.up()
         with connect() as conn:
-            execute(conn, f"INSERT INTO {quote_table(b)} VALUES (2, 20)")
+            run_statements(conn, f"INSERT INTO {quote_table(b)} VALUES (2, 20)")
         for raw in (True, False):
             reader = MySqlLogReader(dialect.settings, start, [a, b], raw_events=raw)
             try:
@@ -193,4 +192,4 @@ def test_table_ids_reused_by_a_restarted_server_decode_each_table_as_itself(
     finally:
         dialect.close()
         with connect() as conn:
-            execute(conn, f"DROP DATABASE IF EXISTS {quote_ident(db)}")
+            run_statements(conn, f"DROP DATABASE IF EXISTS {quote_ident(db)}")

@@ -26,7 +26,8 @@ from pipeline.services import Endpoints
 from pipeline.sources.mysql import MySqlDialect
 from pipeline.sources.mysql.binlog import plan_from_table_map, row_images, update_images
 from pipeline.sources.mysql.sqltext import quote_table
-from tests.integration.test_mysql_source import changes, execute, read_until
+from tests.integration.helpers import run_statements
+from tests.integration.test_mysql_source import changes, read_until
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +149,7 @@ def test_compiled_images_equal_the_librarys(services: Endpoints, dialect: MySqlD
     table = TableId(db, "fast")
     marks = ", ".join(["%s"] * len(COLUMNS))
     insert = f"INSERT INTO {quote_table(table)} ({', '.join(COLUMNS)}) VALUES ({marks})"
-    execute(sql, f"CREATE TABLE {quote_table(table)} {FAST_DDL}", "SET time_zone = '+05:00'")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} {FAST_DDL}", "SET time_zone = '+05:00'")
     start = dialect.head_position()
     with sql.cursor() as cur:
         cur.executemany(insert, [random_row(rng, key) for key in range(1, 121)])  # multi-row
@@ -177,17 +178,18 @@ def test_compiled_images_equal_the_librarys(services: Endpoints, dialect: MySqlD
 def test_the_log_reader_uses_the_compiled_reader_and_gets_the_expected_values(
         dialect: MySqlDialect, sql: Any, db: str) -> None:
     table = TableId(db, "plain")
-    execute(sql, f"CREATE TABLE {quote_table(table)} (id BIGINT PRIMARY KEY, "
-                 "biu BIGINT UNSIGNED, d DECIMAL(12,4), dt DATE, dtt DATETIME(6), "
-                 "ts TIMESTAMP(6) NULL, yr YEAR, vc VARCHAR(300), bn BINARY(4), en ENUM('a','b'))")
+    run_statements(sql, f"CREATE TABLE {quote_table(table)} (id BIGINT PRIMARY KEY, "
+                   "biu BIGINT UNSIGNED, d DECIMAL(12,4), dt DATE, dtt DATETIME(6), "
+                   "ts TIMESTAMP(6) NULL, yr YEAR, vc VARCHAR(300), bn BINARY(4), "
+                   "en ENUM('a','b'))")
     start = dialect.head_position()
-    execute(sql, "SET time_zone = '+05:00'",
-            (f"INSERT INTO {quote_table(table)} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-             (1, 2**64 - 1, "-12.5", "2024-02-29", "2024-01-02 03:04:05.000007",
-              "2024-06-30 12:00:00.654321", 2000, "x😀y  ", b"\x01", "b")),
-            f"INSERT INTO {quote_table(table)} (id) VALUES (2)",
-            f"UPDATE {quote_table(table)} SET vc = 'z' WHERE id = 1",
-            "SET time_zone = '+00:00'")
+    insert = f"INSERT INTO {quote_table(table)} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    run_statements(sql, "SET time_zone = '+05:00'",
+                   (insert, (1, 2**64 - 1, "-12.5", "2024-02-29", "2024-01-02 03:04:05.000007",
+                             "2024-06-30 12:00:00.654321", 2000, "x😀y  ", b"\x01", "b")),
+                   f"INSERT INTO {quote_table(table)} (id) VALUES (2)",
+                   f"UPDATE {quote_table(table)} SET vc = 'z' WHERE id = 1",
+                   "SET time_zone = '+00:00'")
     reader = dialect.open_log(start, [table])
     try:
         events = changes(read_until(reader, 3))
