@@ -126,6 +126,12 @@ class DeltaTxn:
             return int(checksum.get().numFiles())
         return int(snapshot.numOfFiles())
 
+    def _known_empty(self) -> bool:
+        """Whether the snapshot's checksum file says it holds no data file (False when
+        there is no checksum: counting would reconstruct the state)."""
+        checksum = self._txn.snapshot().checksumOpt()
+        return bool(checksum.isDefined() and int(checksum.get().numFiles()) == 0)
+
     def configuration(self) -> dict[str, str]:
         """The table's properties (constraints included: ``delta.constraints.<name>``)."""
         conf = self._txn.metadata().configuration()
@@ -151,7 +157,15 @@ class DeltaTxn:
 
     def records_where(self, condition: Column) -> tuple[int, int | None]:
         """As :meth:`files_where`, with the rows those files hold (their ``numRecords``
-        statistics; None when a file has none): ``(files, rows)``."""
+        statistics; None when a file has none): ``(files, rows)``.
+
+        On a snapshot its checksum shows empty (a mirror before its first append) nothing
+        is planned or scanned: the whole table counts as read, so any concurrent commit
+        that adds data files makes :meth:`commit` fail, as one adding rows where
+        ``condition`` holds would."""
+        if self._known_empty():
+            self._txn.readWholeTable()
+            return 0, 0
         files = _python_list(self.spark, self._filter_files(condition, keep_num_records=True))
         total: int | None = 0
         for add in files:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -254,13 +255,17 @@ class _Survey:
     spans: list[Row]  # per chunk (window): its rows' ``window``, ``low``, ``high``, ``rows``
 
 
-def _survey(changes: DataFrame, first: str) -> _Survey:
+def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False) -> _Survey:
     """Count ``changes`` and bound their first key column and positions in one pass; only
     when chunk rows are among them, a second pass bounds each chunk's rows.
 
-    (One pass grouped by chunk window would serve both, but made a merge of log changes
-    alone, the tail's every merge, slower: a rollup by 0.1-0.5 s on 200k changes, a
-    grouping folded in Python by ~1 s in a tail's last MERGE.)"""
+    With ``chunks_expected`` (the caller knows chunks were emitted since the last merge)
+    one pass grouped by chunk window serves both (:func:`_survey_by_chunk`). Grouping
+    costs a merge of log changes alone, the tail's every merge, more than it saves: a
+    rollup by 0.1-0.5 s on 200k changes, a grouping folded in Python by ~1 s in a tail's
+    last MERGE."""
+    if chunks_expected:
+        return _survey_by_chunk(changes, first)
     summary = changes.agg(
         F.count(F.lit(1)).alias("rows"),
         F.min(change_key(first)).alias("low"),
@@ -280,6 +285,48 @@ def _survey(changes: DataFrame, first: str) -> _Survey:
         ).collect())
     return _Survey(int(summary["rows"]), summary["low"], summary["high"], int(summary["top"]),
                    summary["truncated"], spans)
+
+
+def _survey_by_chunk(changes: DataFrame, first: str) -> _Survey:
+    """:func:`_survey` in one pass: the changes grouped by chunk (every log change in one
+    group), the groups folded by :func:`fold_survey_groups`."""
+    return fold_survey_groups(changes.groupBy(
+        F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window")).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.min(change_key(first)).alias("low"),
+        F.max(change_key(first)).alias("high"),
+        F.max("_dblog_lsn").alias("top"),
+        F.max(F.when(F.col("op") == TRUNCATE_OP,
+                     F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
+    ).collect())
+
+
+def fold_survey_groups(groups: Sequence[Row]) -> _Survey:
+    """The survey of every change from its groups' (``window``: a chunk's, None for the
+    log changes; ``rows``, ``low``, ``high``, ``top``, ``truncated``), in any order. Values
+    are ordered as Spark's min and max order them (a NaN above every number), so the
+    bounds are those one aggregate over every change gives."""
+    if not groups:
+        return _Survey(0, None, None, None, None, [])
+    lows = [g["low"] for g in groups if g["low"] is not None]
+    highs = [g["high"] for g in groups if g["high"] is not None]
+    truncates = [g["truncated"] for g in groups if g["truncated"] is not None]
+    return _Survey(
+        sum(int(g["rows"]) for g in groups),
+        min(lows, key=_spark_order) if lows else None,
+        max(highs, key=_spark_order) if highs else None,
+        max(int(g["top"]) for g in groups),
+        max(truncates, key=lambda t: (int(t[0]), int(t[1]))) if truncates else None,
+        [Row(window=g["window"], low=g["low"], high=g["high"], rows=g["rows"])
+         for g in groups if g["window"] is not None])
+
+
+def _spark_order(value: Any) -> tuple[int, Any]:
+    """A sort key that orders key values as Spark's min and max do: a float NaN above
+    every number (Python's comparisons with NaN are all false)."""
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0.0)
+    return (0, value)
 
 
 @dataclass(frozen=True)
@@ -443,7 +490,14 @@ class DeltaSink:
         known yet, read from the changelog once). Written truncates add to it, merges take
         off what they covered: the changelog is read again only after a restart."""
         self._truncates_lock = threading.Lock()
-        """The tailer adds to :attr:`_unmerged_truncates` while the mirror merger trims it."""
+        """The tailer adds to :attr:`_unmerged_truncates` (and counts emissions) while the
+        mirror merger trims it (and reads the count)."""
+        self._emissions_written: dict[TableId, int] = {}
+        self._emissions_merged: dict[TableId, int] = {}
+        """Per table: changelog commits with chunk emissions this sink wrote, and how many
+        of them a merge had seen when it surveyed: more written than merged tells a merge
+        to survey by chunk (:func:`_survey`). Only a hint: a survey's figures never depend
+        on it."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -988,6 +1042,9 @@ class DeltaSink:
                       for w in tb.chunks}
         if tb.truncates:
             self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
+        if tb.emissions:
+            with self._truncates_lock:
+                self._emissions_written[table] = self._emissions_written.get(table, 0) + 1
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
@@ -1106,9 +1163,13 @@ class DeltaSink:
                         app_id: str | None, through_lsn: int | None) -> int:
         if not self.known_columns(table):
             return 0
+        with self._truncates_lock:
+            emissions = self._emissions_written.get(table, 0)
         changes = self._unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
-        survey = _survey(changes, first)
+        survey = _survey(changes, first,
+                         chunks_expected=emissions > self._emissions_merged.get(table, 0))
+        self._emissions_merged[table] = emissions
         rows = survey.rows
         if rows == 0:
             if through_lsn is not None:

@@ -544,6 +544,37 @@ def test_a_tables_file_count_comes_from_its_checksum_without_a_spark_job(
     assert detail is not None and counted == detail[0] == 3
 
 
+def test_an_empty_tables_span_check_plans_nothing_and_any_new_file_conflicts_with_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A mirror before its first append: the span check answers "no file, no row" from the
+    checksum, without a Spark job, and still makes a commit fail when another writer
+    added rows meanwhile (anywhere: the whole empty table counts as read)."""
+    from delta.tables import DeltaTable
+
+    from pipeline.lake.deltalog import DeltaTxn
+
+    sink = make_sink(spark, tmp_path)
+    sink.ensure_schema(SCHEMA)
+    mirror = sink.layout.mirror(TABLE)
+    txn = DeltaTxn(spark, mirror)
+    group = f"span-check-{time.monotonic_ns()}"
+    spark.sparkContext.setJobGroup(group, "a span check on an empty table")
+    try:
+        assert txn.records_where(F.col("id").between(1, 10)) == (0, 0)
+        assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    late = spark.createDataFrame([(500, "late", 1, 1)],
+                                 "id INT, name STRING, _dblog_lsn BIGINT, _dblog_seq BIGINT")
+    (DeltaTable.forPath(spark, mirror).alias("t").merge(late.alias("s"), "t.id = s.id")
+     .whenNotMatchedInsertAll().execute())
+    schema = StructType.fromJson(json.loads(txn.schema_json))
+    ours = spark.createDataFrame([(1, "r1", 2, 1)], schema)
+    with pytest.raises(Exception, match="CONCURRENT_APPEND"):
+        txn.commit(txn.write_files(ours), {})
+
+
 def test_threads_asking_a_fresh_sink_for_a_tables_key_at_once_all_get_it(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -1356,6 +1387,45 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
     assert (log_only.rows, log_only.low, log_only.high, log_only.spans) == (4, 1, 40, [])
     assert _survey(changes.where(F.col("_dblog_lsn") > F.lit(650)), "id") == _Survey(
         0, None, None, None, None, [])
+    # Surveyed by chunk in one pass (a merge that expects chunks): the same figures.
+    for frame in (changes, changes.where(F.col(WINDOW_COLUMN).isNull()),
+                  changes.where(F.col(WINDOW_COLUMN).isNotNull()),
+                  changes.where(F.col("_dblog_lsn") > F.lit(650))):
+        assert _comparable(_survey(frame, "id", chunks_expected=True)) == _comparable(
+            _survey(frame, "id"))
+
+
+def _comparable(survey: Any) -> tuple[Any, ...]:
+    """A survey's figures, its spans in window order and its rows as plain tuples."""
+    return (survey.rows, survey.low, survey.high, survey.top,
+            None if survey.truncated is None else tuple(survey.truncated),
+            sorted((s["window"], s["low"], s["high"], s["rows"]) for s in survey.spans))
+
+
+def test_a_survey_by_chunk_bounds_float_keys_as_spark_does(spark: Any) -> None:
+    """The one-pass survey folds its groups' bounds in Python: a NaN key (PostgreSQL allows
+    one) is above every number there as in Spark, whichever group holds it."""
+    from pipeline.lake.sink import _survey
+
+    after = "STRUCT<k: DOUBLE, v: STRING>"
+    frame = spark.createDataFrame(
+        [("c", None, (float("nan"), "x"), 10, 0, None),
+         ("u", None, (-0.0, "x"), 11, 0, None),
+         ("d", (float("-inf"), "x"), None, 12, 0, None),
+         ("r", None, (1.5, "x"), 5, 1, "w1"),
+         ("r", None, (2.5, "x"), 5, 2, "w1"),
+         ("r", None, (float("nan"), "x"), 6, 1, "w2"),
+         ("r", None, (0.5, "x"), 6, 2, "w2")],
+        f"op STRING, before {after}, after {after}, _dblog_lsn BIGINT, _dblog_seq BIGINT, "
+        "_dblog_window_id STRING")
+    for chunks_first in (frame, frame.orderBy(F.col("_dblog_window_id").desc_nulls_last())):
+        one_pass = _survey(chunks_first, "k", chunks_expected=True)
+        two_passes = _survey(chunks_first, "k")
+        assert one_pass.low == two_passes.low == float("-inf")
+        assert str(one_pass.high) == str(two_passes.high) == "nan"
+        assert (one_pass.rows, one_pass.top) == (two_passes.rows, two_passes.top) == (7, 12)
+        assert sorted((s["window"], s["rows"]) for s in one_pass.spans) == [
+            ("w1", 2), ("w2", 2)]
 
 
 def test_a_chunk_over_keys_the_mirror_holds_is_merged(spark: Any, tmp_path: Path) -> None:

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql import Row
 from pyspark.sql import types as T
 
 from pipeline.events import TableId
 from pipeline.lake.chunks import read_order_offsets
 from pipeline.lake.deltalog import action_rows
 from pipeline.lake.layout import LakeLayout, segment
-from pipeline.lake.sink import table_properties, widens
+from pipeline.lake.sink import fold_survey_groups, table_properties, widens
 from pipeline.lake.types import coerce, name_apart, needs_coercion
 
 
@@ -111,3 +114,46 @@ def test_a_work_column_is_named_apart_from_the_tables_columns(taken: list[str]) 
     name = name_apart("_dblog_op", taken)
     assert name.lower() not in {t.lower() for t in taken}
     assert name.endswith("_dblog_op") and set(name[: -len("_dblog_op")]) <= {"_"}
+
+
+_KEYS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+def _spark_min_max(values: list[float]) -> tuple[float, float]:
+    """Spark's min and max of doubles: a NaN is above every number."""
+    numbers = [v for v in values if not math.isnan(v)]
+    has_nan = len(numbers) < len(values)
+    low = min(numbers) if numbers else math.nan
+    high = math.nan if has_nan else max(numbers)
+    return low, high
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+@given(st.lists(st.lists(_KEYS, min_size=1, max_size=4), min_size=1, max_size=5),
+       st.randoms())
+def test_survey_groups_fold_to_the_bounds_of_every_change(
+        groups_keys: list[list[float]], rng: Any) -> None:
+    """However the groups come back from Spark, the fold bounds every change's key as one
+    aggregate would (a NaN key the greatest), counts them all and keeps the last
+    TRUNCATE's position and each chunk's span apart from the log's."""
+    groups = [Row(window=None if i == 0 else f"w{i}", rows=len(keys),
+                  low=_spark_min_max(keys)[0], high=_spark_min_max(keys)[1],
+                  top=100 + i, truncated=Row(_dblog_lsn=50 + i % 3, _dblog_seq=i))
+              for i, keys in enumerate(groups_keys)]
+    rng.shuffle(groups)
+    folded = fold_survey_groups(groups)
+    low, high = _spark_min_max([k for keys in groups_keys for k in keys])
+    assert _same(folded.low, low) and _same(folded.high, high)
+    assert folded.rows == sum(len(keys) for keys in groups_keys)
+    assert folded.top == 100 + len(groups_keys) - 1
+    last = max((50 + i % 3, i) for i in range(len(groups_keys)))
+    assert folded.truncated is not None and tuple(folded.truncated) == last
+    assert sorted(s["window"] for s in folded.spans) == sorted(
+        f"w{i}" for i in range(1, len(groups_keys)))
+
+
+def test_an_empty_survey_has_no_bounds() -> None:
+    assert fold_survey_groups([]).rows == 0
