@@ -75,6 +75,11 @@ def plan(defs: Definitions, instance: DagsterInstance) -> dict[str, list[str]]:
             for r in result.dynamic_partitions_requests or []}
 
 
+# The Dagster layer only wires pipeline/, and the PostgreSQL source's captures and tail are
+# tested in `make test`: its backfill here (about 50 s) runs in `make test-slow`.
+@pytest.mark.parametrize(
+    "source_kit", ["mariadb", pytest.param("postgres", marks=pytest.mark.slow)],
+    indirect=True)
 def test_backfill_ranges_while_the_tailer_job_runs(
     source_kit: SourceKit, spark: Any, tmp_path: Path
 ) -> None:
