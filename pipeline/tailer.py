@@ -1236,6 +1236,12 @@ class Tailer:
             for schema in pending.schemas.get(table, []):
                 self.sink.ensure_schema(schema)
             if not self.sink.known_columns(table):
+                if not (tb.events or tb.emissions):
+                    # Only TRUNCATEs / DROPs of a table the lake holds nothing of: nothing
+                    # to empty (and a dropped table has no schema left to ask for).
+                    log.info("%s: truncated or dropped before the lake held any of it; "
+                             "nothing to empty", table)
+                    continue
                 self.sink.ensure_schema(self.dialect.table_schema(table))
             self.state.check_leader()
             _, results = self.sink.write_table_batch(tb, batch_no, metadata, attempt=attempt,

@@ -422,6 +422,31 @@ def test_truncate_and_drop_empty_the_lake_table(
         check_table(spark, services, db, "t", ("id",), rt.layout.changelog(table))
 
 
+def test_a_table_dropped_before_the_lake_held_it_does_not_stop_the_tailer(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configured table dropped before any change of it reached the lake (never
+    captured, no row change since the tailer started): the lake has nothing of it to empty,
+    and the tailer goes on past the DROP. It used to ask the source for the dropped table's
+    schema to create lake tables for the empty-out, and failed there on every restart.
+    The table created again is followed from its first row."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services, rows=3)
+    config = config_for(tmp_path, services, db, 7913)
+    table = TableId(db, "t")
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        assert not rt.sink.known_columns(table)
+        execute(services, db, "DROP TABLE t")
+        rt.tailer().run(until_caught_up=True)
+        assert not rt.sink.known_columns(table)
+        execute(services, db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+                "INSERT INTO t VALUES (7, 7)")
+        rt.tailer().run(until_caught_up=True)
+        report = verify_table(rt.dialect, rt.sink, table)
+        assert report.ok, report.summary()
+
+
 def test_a_capture_removes_mirror_rows_gone_from_the_source(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
