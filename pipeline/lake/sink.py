@@ -267,13 +267,7 @@ def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False) ->
     if chunks_expected:
         return _survey_by_chunk(changes, first)
     summary = changes.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.min(change_key(first)).alias("low"),
-        F.max(change_key(first)).alias("high"),
-        F.max("_dblog_lsn").alias("top"),
-        F.max(F.when(F.col("op") == TRUNCATE_OP,
-                     F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
-        F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
+        *_change_figures(first), F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
     ).first()
     if summary is None or not summary["rows"]:
         return _Survey(0, None, None, None, None, [])
@@ -291,14 +285,22 @@ def _survey_by_chunk(changes: DataFrame, first: str) -> _Survey:
     """:func:`_survey` in one pass: the changes grouped by chunk (every log change in one
     group), the groups folded by :func:`fold_survey_groups`."""
     return fold_survey_groups(changes.groupBy(
-        F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window")).agg(
+        F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window"),
+    ).agg(*_change_figures(first)).collect())
+
+
+def _change_figures(first: str) -> list[SparkColumn]:
+    """The survey's aggregates of changes: ``rows``, the least and greatest value of the
+    first key column (``low``, ``high``; a delete's from ``before``), the greatest position
+    (``top``) and the last TRUNCATE's position (``truncated``)."""
+    return [
         F.count(F.lit(1)).alias("rows"),
         F.min(change_key(first)).alias("low"),
         F.max(change_key(first)).alias("high"),
         F.max("_dblog_lsn").alias("top"),
         F.max(F.when(F.col("op") == TRUNCATE_OP,
                      F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
-    ).collect())
+    ]
 
 
 def fold_survey_groups(groups: Sequence[Row]) -> _Survey:
