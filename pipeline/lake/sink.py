@@ -492,14 +492,12 @@ class DeltaSink:
         known yet, read from the changelog once). Written truncates add to it, merges take
         off what they covered: the changelog is read again only after a restart."""
         self._truncates_lock = threading.Lock()
-        """The tailer adds to :attr:`_unmerged_truncates` (and counts emissions) while the
-        mirror merger trims it (and reads the count)."""
-        self._emissions_written: dict[TableId, int] = {}
-        self._emissions_merged: dict[TableId, int] = {}
-        """Per table: changelog commits with chunk emissions this sink wrote, and how many
-        of them a merge had seen when it surveyed: more written than merged tells a merge
-        to survey by chunk (:func:`_survey`). Only a hint: a survey's figures never depend
-        on it."""
+        """The tailer adds to :attr:`_unmerged_truncates` (and :attr:`_emissions_unsurveyed`)
+        while the mirror merger trims it (and takes its table off)."""
+        self._emissions_unsurveyed: set[TableId] = set()
+        """Tables with a changelog commit of chunk emissions this sink wrote since a merge
+        last surveyed them: their next merge surveys by chunk (:func:`_survey`). Only a
+        hint: a survey's figures never depend on it."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -1046,7 +1044,7 @@ class DeltaSink:
             self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
         if tb.emissions:
             with self._truncates_lock:
-                self._emissions_written[table] = self._emissions_written.get(table, 0) + 1
+                self._emissions_unsurveyed.add(table)
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
@@ -1166,12 +1164,11 @@ class DeltaSink:
         if not self.known_columns(table):
             return 0
         with self._truncates_lock:
-            emissions = self._emissions_written.get(table, 0)
+            chunks_expected = table in self._emissions_unsurveyed
+            self._emissions_unsurveyed.discard(table)
         changes = self._unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
-        survey = _survey(changes, first,
-                         chunks_expected=emissions > self._emissions_merged.get(table, 0))
-        self._emissions_merged[table] = emissions
+        survey = _survey(changes, first, chunks_expected=chunks_expected)
         rows = survey.rows
         if rows == 0:
             if through_lsn is not None:
