@@ -56,8 +56,12 @@ from pipeline.lake.types import quote_ident
 from pipeline.outage import ride_out
 from pipeline.parallel import run_at_once
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
-from pipeline.state import RangeProgress, StateStore, WindowState
+from pipeline.state import Lookout, RangeProgress, StateStore, WindowState
 from pipeline.throttle import RowRate
+
+LOOK_S = 1.0
+"""A capture waiting for its window's pin or outcome reads them when their ZooKeeper watches
+fire, and at least this often (a watch lost with an expired session)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class CaptureOptions:
     """Rows a second the capture reads at most, all ranges of the process together (None:
     no limit); chunks then ask for at most ``chunk_target_seconds`` of them."""
     poll_seconds: float = 0.1
+    """How often a waiting capture checks for a stop and the tailer's health; it reads the
+    window's pin and outcome when their ZooKeeper watches fire (or every ``LOOK_S``)."""
     emission_timeout_s: float = 600.0
     position_timeout_s: float = 120.0
     """How long a range waits for the tailer's first committed position before it starts."""
@@ -762,7 +768,15 @@ class Capturer:
         try:
             deadline = time.monotonic() + self.options.emission_timeout_s
             written: tuple[int, str] | None = None
+            lookout = Lookout(partial(handoff.watch_pin, self.state, wid), LOOK_S)
             while True:
+                if not lookout.due():
+                    if stop is not None and stop.is_set():
+                        return
+                    if self.health_check is not None:
+                        self.health_check()
+                    lookout.wait(self.options.poll_seconds)
+                    continue
                 found = self.state.get_window(wid)
                 if found is None or found.value.status != "registered":
                     return
@@ -777,6 +791,7 @@ class Capturer:
                     crash_point("capture.before_files")
                     handoff.write_files(self.state, files)
                     written = (pin.batch, pin.attempt)
+                    lookout.again()
                     continue  # pinned again meanwhile? (written for the newest pin only)
                 if written is not None or (stop is not None and stop.is_set()):
                     return
@@ -787,7 +802,7 @@ class Capturer:
                         f"window {wid} was not pinned within "
                         f"{self.options.emission_timeout_s:.0f}s: is a tailer running for "
                         "this source? (`dblog tail`)")
-                time.sleep(min(self.options.poll_seconds, 0.02))
+                lookout.wait(self.options.poll_seconds)
         finally:
             handoff.release(self.state, wid)
 
@@ -796,9 +811,15 @@ class Capturer:
         """Wait until the tailer emitted or aborted the window (``"interrupted"``: stopped
         first; the window stays open)."""
         deadline = time.monotonic() + self.options.emission_timeout_s
+        lookout = Lookout(partial(self.state.watch_window, window_id), LOOK_S)
         while time.monotonic() < deadline:
             if stop is not None and stop.is_set():
                 return "interrupted"
+            if not lookout.due():
+                if self.health_check is not None:
+                    self.health_check()
+                lookout.wait(self.options.poll_seconds)
+                continue
             found = self.state.get_window(window_id)
             if found is None:
                 return "gone"
@@ -811,7 +832,7 @@ class Capturer:
                     report.first_lsn = lsn if report.first_lsn is None else report.first_lsn
                     report.last_lsn = lsn
                 return status
-            time.sleep(self.options.poll_seconds)
+            lookout.wait(self.options.poll_seconds)
         raise DblogError(
             f"window {window_id} was not emitted within {self.options.emission_timeout_s:.0f}s: "
             "is a tailer running for this source? (`dblog tail`)"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pipeline.events import Key, TableId, key_from_json, key_to_json
 from pipeline.sources.base import Column, TableSchema
-from pipeline.state import StateStore
+from pipeline.state import ChangeSignal, StateStore
 
 __all__ = [
     "CHUNKS",
@@ -43,6 +43,8 @@ __all__ = [
     "read_files",
     "read_pin",
     "release",
+    "watch_files",
+    "watch_pin",
     "write_files",
     "write_pin",
 ]
@@ -122,6 +124,22 @@ def release(state: StateStore, window_id: str) -> None:
 def is_held(state: StateStore, window_id: str) -> bool:
     """Whether a live capture holds the chunk's selected rows."""
     return state.exists(f"{chunk_path(window_id)}/holder")
+
+
+def watch_files(state: StateStore, window_id: str, signal: ChangeSignal) -> None:
+    """Notify ``signal`` when the chunk's files are next published, its holder goes away,
+    or its window changes (emitted, aborted, forgotten): what a tailer waiting for the
+    files reads again."""
+    base = chunk_path(window_id)
+    state.watch([f"{base}/files", f"{base}/holder"], signal)
+    state.watch_window(window_id, signal)
+
+
+def watch_pin(state: StateStore, window_id: str, signal: ChangeSignal) -> None:
+    """Notify ``signal`` when the window is next pinned (again) or changes: what a
+    capture holding the chunk's rows reads again."""
+    state.watch([f"{chunk_path(window_id)}/pin"], signal)
+    state.watch_window(window_id, signal)
 
 
 def write_pin(state: StateStore, pin: ChunkPin) -> None:

@@ -60,6 +60,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "BatchIntent",
     "CaptureState",
+    "ChangeSignal",
+    "Lookout",
     "CaptureStatus",
     "CommitResult",
     "PositionState",
@@ -96,6 +98,60 @@ _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, OperationTimeoutError
 
 T = TypeVar("T")
 Doc = dict[str, Any]
+
+
+class ChangeSignal:
+    """Set by ZooKeeper watches when a watched znode is created, changed or deleted
+    (:meth:`StateStore.watch`), so that a waiter reads again when something changed instead
+    of polling. A watch fires once: arm it again before each read that may wait."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def notify(self, _event: object = None) -> None:
+        """The watch callback (kazoo calls it with the ``WatchedEvent``)."""
+        self._event.set()
+
+    def take(self) -> bool:
+        """Whether it fired since the last ``take``; clears it."""
+        fired = self._event.is_set()
+        self._event.clear()
+        return fired
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until it fires or ``timeout`` seconds passed; whether it fired."""
+        return self._event.wait(timeout)
+
+
+class Lookout:
+    """When to read a few znodes again while waiting for them to change: when their watches
+    fired, or ``every`` seconds (a watch lost with an expired session; deadlines), instead
+    of at every poll. ``arm`` sets the watches (:meth:`StateStore.watch`), each time before
+    the read it allows."""
+
+    def __init__(self, arm: Callable[[ChangeSignal], None], every: float = 1.0) -> None:
+        self.signal = ChangeSignal()
+        self._arm = arm
+        self._every = every
+        self._looked: float | None = None
+
+    def due(self) -> bool:
+        """Whether to read now (the watches are armed again when it is)."""
+        now = time.monotonic()
+        if (self._looked is not None and not self.signal.take()
+                and now - self._looked < self._every):
+            return False
+        self._looked = now
+        self._arm(self.signal)
+        return True
+
+    def again(self) -> None:
+        """Make the next :meth:`due` true (the waiter changed something itself)."""
+        self._looked = None
+
+    def wait(self, timeout: float) -> None:
+        """Wait until a watch fires or ``timeout`` seconds passed."""
+        self.signal.wait(timeout)
 
 
 class StateUnavailable(TransientError):
@@ -518,6 +574,16 @@ class StateStore:
         with _zk_errors(f"exists {path}"):
             return self._retry.copy()(self._zk.exists, self._abs(path)) is not None
 
+    def watch(self, paths: Sequence[str], signal: ChangeSignal) -> None:
+        """Have ``signal`` notified once when any of ``paths`` is next created, changed or
+        deleted (an existence watch each: absent znodes too). Arm it before reading what
+        the signal is to announce, so that no change between the read and the wait is
+        missed. A watch lost with an expired session never fires: waiters also look again
+        after a while."""
+        for path in paths:
+            with _zk_errors(f"watch {path}"):
+                self._retry.copy()(self._zk.exists, self._abs(path), watch=signal.notify)
+
     # ---- log position and batch intent -------------------------------------------------
 
     def get_position(self) -> Versioned[PositionState] | None:
@@ -570,6 +636,10 @@ class StateStore:
 
     def get_window(self, window_id: str) -> Versioned[WindowState] | None:
         return self._get_typed(_window_path(window_id), WindowState.from_json)
+
+    def watch_window(self, window_id: str, signal: ChangeSignal) -> None:
+        """Notify ``signal`` at the window document's next change (see :meth:`watch`)."""
+        self.watch([_window_path(window_id)], signal)
 
     def list_windows(self) -> list[Versioned[WindowState]]:
         """All windows, oldest first."""

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeGuard
 
 from pipeline import handoff
@@ -54,6 +55,7 @@ from pipeline.state import (
     BATCH_INTENT,
     BatchIntent,
     CommitResult,
+    Lookout,
     PositionState,
     RangeProgress,
     RangeUpdate,
@@ -77,7 +79,13 @@ EXPIRY_CHECK_S = 30.0
 QUIET_S = 5.0
 """``--until-caught-up`` also ends after the reader found nothing new this long."""
 PINNED_POLL_S = 0.02
-"""How often the tailer looks for pinned chunks' files while its batch waits for them."""
+"""How long the log reader waits for more while the batch waits for pinned chunks' files:
+how soon the batch is written once they are published (no ZooKeeper read in between)."""
+FILES_LOOK_S = 1.0
+"""A pinned chunk's handoff is read when its ZooKeeper watches fire, and at least this often
+(its files' deadline; a watch lost with an expired session)."""
+FILES_WAIT_S = 0.1
+"""How long a batch that must be written waits for a watch before it checks for a stop."""
 
 
 MIRROR_DOC = "mirror"
@@ -197,6 +205,8 @@ class _Pinned:
     """Whether the mirror holds a row in ``covered``: asked beside the log's reading
     (:meth:`Tailer._pin`)."""
     files: ChunkFiles | None = None
+    lookout: Lookout | None = None
+    """When to read the chunk's handoff again (its files, holder or window changed)."""
 
     def coverage(self) -> KeyRange | None:
         """The chunk's coverage for its emission: none where the mirror holds no row in it
@@ -223,8 +233,6 @@ class _Pending:
     """Chunks pinned for this batch, in the order of their high watermarks."""
     advanced: dict[tuple[str, str], RangeProgress] = field(default_factory=dict)
     """Per capture range, its progress after the last chunk this batch emits (settled)."""
-    files_looked_at: float = 0.0
-    """When the tailer last looked for pinned chunks' files and found some missing."""
     first_change_at: float | None = None
     """When the batch got its first log change (``None``: it holds none yet)."""
     events: int = 0
@@ -1012,20 +1020,16 @@ class Tailer:
     def _pinned_files_ready(self, pending: _Pending) -> bool:
         """Whether every chunk the batch pinned has its files, or never will (then it is
         aborted when the batch is written), and its mirror check's answer: the batch can be
-        written without waiting. Looks in ZooKeeper at most every ``PINNED_POLL_S`` (it is
-        asked per transaction)."""
+        written without waiting. Reads ZooKeeper only for a chunk whose handoff changed
+        since the last read, or once every ``FILES_LOOK_S`` (it is asked per transaction)."""
         if not pending.pinned:
             return True
-        if time.monotonic() - pending.files_looked_at < PINNED_POLL_S:
-            return False
         if not all(pinned.checked for pinned in pending.pinned):
-            pending.files_looked_at = time.monotonic()
             return False
         for pinned in pending.pinned:
             if pinned.files is None:
-                found = self._files_now(pinned)
+                found = self._files_if_changed(pinned)
                 if found is None:
-                    pending.files_looked_at = time.monotonic()
                     return False
                 if isinstance(found, ChunkFiles):
                     pinned.files = found
@@ -1086,17 +1090,26 @@ class Tailer:
             _placed(current.value, pinned.before.value), current.version)
 
     def _await_files(self, pinned: _Pinned) -> ChunkFiles | str:
-        """The capture's files for a pinned chunk (see :meth:`_files_now`)."""
-        pause = 0.005
+        """The capture's files for a pinned chunk (see :meth:`_files_now`), waited for."""
         while True:
-            found = self._files_now(pinned)
+            found = self._files_if_changed(pinned)
             if found is not None:
                 return found
             if self._stop.is_set():
                 raise _StopRequested()
-            self.state.check_leader()
-            time.sleep(pause)
-            pause = min(0.05, pause * 2)
+            assert pinned.lookout is not None
+            pinned.lookout.wait(FILES_WAIT_S)
+
+    def _files_if_changed(self, pinned: _Pinned) -> ChunkFiles | str | None:
+        """:meth:`_files_now` if the chunk's handoff changed since the last read (its
+        ZooKeeper watches fired) or ``FILES_LOOK_S`` passed; None otherwise."""
+        if pinned.lookout is None:
+            pinned.lookout = Lookout(partial(handoff.watch_files, self.state,
+                                             pinned.pin.window_id), FILES_LOOK_S)
+        if not pinned.lookout.due():
+            return None
+        self.state.check_leader()
+        return self._files_now(pinned)
 
     def _files_now(self, pinned: _Pinned) -> ChunkFiles | str | None:
         """The capture's files for the pin (or an earlier pin's, once no capture holds the

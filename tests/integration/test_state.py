@@ -16,6 +16,8 @@ from pipeline.errors import DblogError, LockHeld, StateConflict
 from pipeline.events import Position, TableId, Window
 from pipeline.state import (
     ABSENT,
+    ChangeSignal,
+    Lookout,
     PositionState,
     RangeProgress,
     RangeUpdate,
@@ -72,6 +74,49 @@ def _position(batch: int, offset: int = 4) -> PositionState:
         {"file": "mysql-bin.000003", "pos": offset},
         batch,
     )
+
+
+# ---- watches ---------------------------------------------------------------------------
+
+
+def test_a_watch_fires_once_at_the_creation_change_and_deletion_seen_by_another_client(
+    store: StateStore, store2: StateStore
+) -> None:
+    """A watch armed on an absent znode fires when another session creates it, and, armed
+    again, when it changes and when it is deleted; an unarmed change fires nothing."""
+    signal = ChangeSignal()
+    store.watch(["chunks/w/files"], signal)
+    assert not signal.wait(0.3)
+    store2.put("chunks/w/files", {"n": 1}, None)
+    assert signal.wait(5) and signal.take()
+    store2.put("chunks/w/files", {"n": 2}, None)  # the watch fired already: not armed
+    assert not signal.wait(0.3)
+    store.watch(["chunks/w/files"], signal)
+    store2.put("chunks/w/files", {"n": 3}, None)
+    assert signal.wait(5) and signal.take()
+    store.watch(["chunks/w/files", "chunks/w/holder"], signal)
+    store2.delete("chunks/w/files")
+    assert signal.wait(5) and signal.take()
+
+
+def test_a_lookout_reads_again_when_its_watch_fired_or_its_interval_passed(
+    store: StateStore, store2: StateStore
+) -> None:
+    """:class:`Lookout`: the first look is due; then none until another client changes the
+    watched znode, or ``every`` seconds passed."""
+    lookout = Lookout(lambda signal: store.watch(["windows/w"], signal), every=1.5)
+    assert lookout.due()
+    assert not lookout.due()
+    lookout.wait(0.3)
+    assert not lookout.due()
+    began = time.monotonic()
+    store2.put("windows/w", {"status": "emitted"}, None)
+    lookout.wait(5)
+    assert time.monotonic() - began < 1.0
+    assert lookout.due()
+    assert not lookout.due()
+    time.sleep(1.6)
+    assert lookout.due()
 
 
 # ---- round-trips ----------------------------------------------------------------------
