@@ -52,6 +52,7 @@ from bench.common import (
     table_facts,
     with_ratios,
     write_results,
+    zookeeper_requests,
 )
 from bench.cpu import (
     cpu_seconds,
@@ -109,6 +110,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
         try:
             began, cpu_before = time.perf_counter(), snapshot()
             threads_before, jvm_before = python_threads(), jvm_threads()
+            zk_before = zookeeper_requests(ep)
             capturer = rt.capturer()
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
@@ -134,6 +136,7 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
                 capture_cpu = spent_since(cpu_before)
                 capture_threads = threads_since(threads_before)
                 capture_jvm_threads = jvm_threads_since(jvm_before)
+                zk_after = zookeeper_requests(ep)
                 # The mirror follows the changelog: the capture is in the changelog now,
                 # and in the mirror once the tailer merged it.
                 rt.wait_caught_up(bg.check, timeout=args.capture_timeout)
@@ -166,6 +169,8 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
         "capture_cpu_seconds": capture_cpu,
         "capture_python_threads": capture_threads,
         "capture_jvm_threads": capture_jvm_threads,
+        "capture_zookeeper_requests": (None if zk_before is None or zk_after is None
+                                       else zk_after - zk_before),
     }
 
 
@@ -257,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         ["variant", "writers tx/s", "baseline rows/s", "dblog rows/s", "dblog / baseline",
          "dblog s", "+ mirror s", "with mirror / baseline", "chunks", "complete",
-         "CPU s: baseline", "dblog", "dblog + mirror", "dblog JIT"],
+         "CPU s: baseline", "dblog", "dblog + mirror", "dblog JIT", "ZK requests"],
         [[r["variant"], r["dblog"].get("writers", {}).get("achieved_tps", 0.0),
           r["baseline"]["rows_per_s"], r["dblog"]["rows_per_s"], r["ratio"],
           r["dblog"]["seconds"], r["dblog"]["mirror_seconds"], r["ratio_with_mirror"],
@@ -265,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
           r["baseline"]["cpu_seconds"].get("total"),
           r["dblog"]["capture_cpu_seconds"].get("total"), r["dblog"]["cpu_seconds"].get("total"),
           round(r["dblog"]["cpu_seconds"].get("jvm_jit_c1", 0.0)
-                + r["dblog"]["cpu_seconds"].get("jvm_jit_c2", 0.0), 2)]
+                + r["dblog"]["cpu_seconds"].get("jvm_jit_c2", 0.0), 2),
+          r["dblog"]["capture_zookeeper_requests"]]
          for r in results],
     )
     print("CPU seconds of each side (this process, the Spark JVM's thread groups, MariaDB):")

@@ -464,3 +464,20 @@ def with_ratios(row: dict[str, Any]) -> dict[str, Any]:
     row["ratio"] = row["dblog"]["rows_per_s"] / base
     row["ratio_with_mirror"] = row["dblog"]["mirror_rows_per_s"] / base
     return row
+
+
+def zookeeper_requests(ep: Any) -> int | None:
+    """The requests the local ZooKeeper received so far (its ``srvr`` reply: every client's,
+    pings included); None if it does not answer."""
+    import socket
+
+    try:
+        with socket.create_connection((ep.host, ep.zk_port), timeout=2) as sock:
+            sock.sendall(b"srvr")
+            reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
+    except OSError:
+        return None
+    for line in reply.splitlines():
+        if line.startswith("Received:"):
+            return int(line.split(":", 1)[1])
+    return None
