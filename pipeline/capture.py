@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 import threading
 import time
 import uuid
@@ -58,6 +59,8 @@ from pipeline.parallel import run_at_once
 from pipeline.sources.base import ChunkSpec, SourceDialect, TableSchema
 from pipeline.state import Lookout, RangeProgress, StateStore, WindowState
 from pipeline.throttle import RowRate
+
+log = logging.getLogger(__name__)
 
 LOOK_S = 1.0
 """A capture waiting for its window's pin or outcome reads them when their ZooKeeper watches
@@ -211,6 +214,22 @@ def summary_frame(tagged: DataFrame, schema: TableSchema, order_column: str, *,
 
 def _spark_ident(name: str) -> str:
     return quote_ident(name)
+
+
+def free_checkpoint(rows: DataFrame) -> None:
+    """Drop the blocks of ``rows``, a local checkpoint, from Spark's memory and disk now.
+
+    Left alone, they go only once the driver JVM's garbage collector has collected the
+    checkpoint's RDD and Spark's cleaner noticed: on a capture of several million rows the
+    chunks' blocks filled the storage memory first, and Spark spent its time moving them to
+    disk and the JVM its time marking a full heap (a 5M-row capture at 0.32-0.42x the dump
+    against 0.55-0.62x for 1M rows)."""
+    plan = rows._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
+    else:  # never so today; the cleaner frees it later
+        log.warning("a held chunk is not a local checkpoint (%s): its blocks stay until the "
+                    "JVM collects it", plan.getClass().getName())
 
 
 @dataclass
@@ -805,6 +824,7 @@ class Capturer:
                 lookout.wait(self.options.poll_seconds)
         finally:
             handoff.release(self.state, wid)
+            free_checkpoint(held.rows)
 
     def _wait(self, window_id: str, report: RangeReport,
               stop: threading.Event | None = None) -> str:

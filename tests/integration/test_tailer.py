@@ -309,6 +309,37 @@ def test_a_batch_waiting_for_chunk_files_reads_zookeeper_when_they_are_published
         assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
 
 
+def cached_rdds(spark: Any) -> set[int]:
+    """The ids of the RDDs Spark holds blocks of (persisted, local checkpoints)."""
+    return {info.id() for info in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+
+
+def test_a_chunks_held_rows_are_freed_once_its_files_are_written(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held chunk's local checkpoint is dropped from Spark's storage when its writer is
+    done with it, not whenever the JVM collects it: a long capture's chunks filled the
+    storage memory before."""
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    with _two_chunks(services, spark, tmp_path, "free", 7511) as (
+        rt, table, capture_id, range_id, first, second
+    ):
+        held = {h.rows._jdf.queryExecution().analyzed().rdd().id() for h in (first, second)}
+        assert held <= cached_rdds(spark)
+        capturer = rt.capturer()
+        writers = [threading.Thread(target=capturer._write_held, args=(h,),
+                                    kwargs={"stop": None}) for h in (first, second)]
+        for w in writers:
+            w.start()
+        rt.tailer().run(until_caught_up=True)
+        for w in writers:
+            w.join(timeout=60)
+            assert not w.is_alive()
+        wait_for("the chunks' blocks dropped", lambda: not held & cached_rdds(spark),
+                 timeout=10)
+        assert_both_chunks_emitted_once(rt, spark, table, capture_id, range_id)
+
+
 def test_the_mirror_check_of_a_pinned_chunk_runs_while_the_log_is_read_on(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
