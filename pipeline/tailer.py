@@ -84,6 +84,10 @@ how soon the batch is written once they are published (no ZooKeeper read in betw
 FILES_LOOK_S = 1.0
 """A pinned chunk's handoff is read when its ZooKeeper watches fire, and at least this often
 (its files' deadline; a watch lost with an expired session)."""
+CAPTURE_GAP_S = 5.0
+"""For the mirror, a capture goes on for this long after the tailer settled one of its
+windows, while ZooKeeper says it runs: its next chunk is being planned, or it waits for
+its chunks' emission before it selects more (:meth:`Tailer._capturing`)."""
 FILES_WAIT_S = 0.1
 """How long a batch that must be written waits for a watch before it checks for a stop."""
 
@@ -304,6 +308,10 @@ class Tailer:
         self._unmerged_events = 0
         self._mirror_doc_lsn: int | None = None
         """The position the ``mirror`` document in ZooKeeper last recorded."""
+        self._window_settled_at: float | None = None
+        """When a batch last emitted or aborted a chunk window (see :meth:`_capturing`)."""
+        self._capture_running: tuple[float, bool] = (0.0, False)
+        """When ZooKeeper was last asked whether a capture runs, and its answer."""
         self._merger: MirrorMerger | None = None
         self._coverage_checks: ThreadPoolExecutor | None = None
         self._merge_at_end = True
@@ -507,6 +515,8 @@ class Tailer:
             events = batch.events
             committed = self._flush(batch, committed.value.batch + 1, committed, summary,
                                     later=pending)
+            if batch.window_updates:  # it opened, emitted or aborted chunk windows
+                self._window_settled_at = time.monotonic()
             tables = set(batch.tables)  # with the pinned chunks' tables, settled in the flush
             confirm_log(reader, self._log_needed_from(committed.value))
             self._note_unmerged(tables, events)
@@ -625,7 +635,7 @@ class Tailer:
                     docs = self._refresh_windows()
                     if time.monotonic() - self._last_expiry >= EXPIRY_CHECK_S:
                         self._expire_windows(docs)
-                    if cut is None and (not self._proc.open_windows
+                    if cut is None and (not self._capturing()
                                         or self._mirror_due(backlogged=False)):
                         self._request_merge(committed.value)
             return self._finish(summary, committed.value)
@@ -684,12 +694,31 @@ class Tailer:
                 every_s_capturing=self.options.mirror_every_s_capturing,
                 max_events=self.options.mirror_max_events)
 
-        if self._proc.open_windows:
+        if self._capturing():
             return due(True)
         # The processor reads registered windows when idle or at a low watermark, so right
         # after a chunk's emission it may hold none while the capture's next one is open:
         # ZooKeeper is asked, only when that would decide.
         return due(False) and (due(True) or not self._unsettled(self.state.list_windows()))
+
+    def _capturing(self) -> bool:
+        """Whether a capture is selecting chunks, for the mirror's period: a window is open
+        in the log, or the tailer settled one within ``CAPTURE_GAP_S`` and a capture still
+        runs (asked of ZooKeeper only then, at most once a second). Between two chunks, or
+        while a capture waits for its chunks' emission, the tailer sees no window open; a
+        MERGE started then (seconds of both cores) ran beside the capture's next chunks."""
+        if self._proc.open_windows:
+            return True
+        settled = self._window_settled_at
+        now = time.monotonic()
+        if settled is None or now - settled >= CAPTURE_GAP_S:
+            return False
+        asked_at, running = self._capture_running
+        if now - asked_at >= 1.0:
+            running = any(found.value.status == "running"
+                          for found in self.state.list_captures())
+            self._capture_running = (now, running)
+        return running
 
     def _request_merge(self, committed: PositionState) -> None:
         """Hand the tables written since the last request to the mirror merger."""

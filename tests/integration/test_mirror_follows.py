@@ -130,6 +130,12 @@ def register_window(rt: Any, table: TableId) -> Any:
     return window
 
 
+def end_captures(rt: Any) -> None:
+    """Mark every capture done, as a capture's run does once its last chunk is emitted."""
+    for found in rt.state.list_captures():
+        rt.state.set_capture_status(found.value.capture_id, "done", found.version)
+
+
 @contextmanager
 def tailing(rt: Any, tailer: Any = None) -> Iterator[list[BaseException]]:
     """A tailer (``rt``'s new one unless given) running in a thread; what it raised, checked
@@ -169,7 +175,7 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
     """A capture's chunks would be copied into the mirror beside the capture, merge after
     merge: while a window is open the mirror waits ``tail.mirror_every_s_capturing``
     (the changelog does not wait), and merges as soon as the tailer is idle with no
-    window open."""
+    window open and the capture ended."""
     from delta.tables import DeltaTable
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
@@ -190,10 +196,47 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
 
             rt.dialect.write_watermark(window.low)
             rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+            end_captures(rt)
             wait_until(lambda: verify_table(rt.dialect, rt.sink, table).ok, failures)
             assert mirror_batch(rt) > merged_batch
             state = rt.state.get_window(window.window_id)
             assert state is not None and state.value.status == "aborted"
+
+
+def test_between_a_running_captures_chunks_the_mirror_merges_at_its_capture_period(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after a chunk window is settled, no window is open, but the capture goes on
+    (it plans its next chunk, or waits for its earlier chunks' emission): the tailer,
+    idle, merged the mirror then, and the MERGE ran beside the capture's next chunks
+    (10 s of both cores each time in a 5M-row capture). While the capture runs the mirror
+    waits its capture period; once it ended, the idle tailer merges."""
+    from delta.tables import DeltaTable
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db, table, config = capture_period_config(services, tmp_path, 7914)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)  # a first position, at the head
+        window = register_window(rt, table)
+        merged_batch = mirror_batch(rt)
+        tailer = rt.tailer()
+        with tailing(rt, tailer) as failures:
+            rt.dialect.write_watermark(window.low)
+            rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+            wait_until(lambda: (found := rt.state.get_window(window.window_id)) is not None
+                       and found.value.status == "aborted", failures, "the window settled")
+            execute(services, db, "INSERT INTO t VALUES (1, 1)")
+            changelog = rt.layout.changelog(table)
+            wait_until(lambda: DeltaTable.isDeltaTable(spark, changelog)
+                       and spark.read.format("delta").load(changelog).count() >= 1, failures)
+            time.sleep(2.0)  # four times mirror_every_s, the tailer idle meanwhile
+            assert not failures, failures
+            merger = tailer._merger  # noqa: SLF001 - the run's own merger
+            assert merger is not None and merger.idle() and mirror_batch(rt) == merged_batch, (
+                "merging between a running capture's chunks")
+            end_captures(rt)
+            wait_until(lambda: verify_table(rt.dialect, rt.sink, table).ok, failures)
+            assert mirror_batch(rt) > merged_batch
 
 
 def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
@@ -249,6 +292,7 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
                 writing.set()
                 rt.dialect.write_watermark(window.low)
                 rt.dialect.write_watermark(window.high)  # no chunk described: aborted
+                end_captures(rt)
                 wait_until(lambda: verify_table(rt.dialect, rt.sink, table).ok, failures)
         finally:
             writing.set()
