@@ -130,6 +130,17 @@ def register_window(rt: Any, table: TableId) -> Any:
     return window
 
 
+@contextmanager
+def window_registered(services: Endpoints, spark: Any, tmp_path: Path, server_id: int
+                      ) -> Iterator[tuple[Any, str, TableId, Any]]:
+    """A runtime on :func:`capture_period_config` after a first tailer run, with a chunk
+    window of a planned capture registered: the runtime, database, table and window."""
+    db, table, config = capture_period_config(services, tmp_path, server_id)
+    with open_runtime(config, spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)  # a first position, at the head
+        yield rt, db, table, register_window(rt, table)
+
+
 def end_captures(rt: Any) -> None:
     """Mark every capture done, as a capture's run does once its last chunk is emitted."""
     for found in rt.state.list_captures():
@@ -169,6 +180,17 @@ def wait_until(done: Callable[[], bool], failures: list[BaseException],
         time.sleep(0.2)
 
 
+def insert_a_row_into_the_changelog(services: Endpoints, spark: Any, rt: Any, db: str,
+                                    table: TableId, failures: list[BaseException]) -> None:
+    """Insert row 1 into ``db.t`` and wait until the running tailer has it in the changelog."""
+    from delta.tables import DeltaTable
+
+    execute(services, db, "INSERT INTO t VALUES (1, 1)")
+    changelog = rt.layout.changelog(table)
+    wait_until(lambda: DeltaTable.isDeltaTable(spark, changelog)
+               and spark.read.format("delta").load(changelog).count() >= 1, failures)
+
+
 def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,19 +198,11 @@ def test_while_a_chunk_window_is_open_the_mirror_merges_at_its_capture_period(
     merge: while a window is open the mirror waits ``tail.mirror_every_s_capturing``
     (the changelog does not wait), and merges as soon as the tailer is idle with no
     window open and the capture ended."""
-    from delta.tables import DeltaTable
-
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db, table, config = capture_period_config(services, tmp_path, 7911)
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)  # a first position, at the head
-        window = register_window(rt, table)
+    with window_registered(services, spark, tmp_path, 7911) as (rt, db, table, window):
         merged_batch = mirror_batch(rt)
         with tailing(rt) as failures:
-            execute(services, db, "INSERT INTO t VALUES (1, 1)")
-            changelog = rt.layout.changelog(table)
-            wait_until(lambda: DeltaTable.isDeltaTable(spark, changelog)
-                       and spark.read.format("delta").load(changelog).count() >= 1, failures)
+            insert_a_row_into_the_changelog(services, spark, rt, db, table, failures)
             time.sleep(3.0)  # six times mirror_every_s, the tailer idle meanwhile
             assert not failures, failures
             assert mirror_batch(rt) == merged_batch, "merged while the window was open"
@@ -211,13 +225,8 @@ def test_between_a_running_captures_chunks_the_mirror_merges_at_its_capture_peri
     idle, merged the mirror then, and the MERGE ran beside the capture's next chunks
     (10 s of both cores each time in a 5M-row capture). While the capture runs the mirror
     waits its capture period; once it ended, the idle tailer merges."""
-    from delta.tables import DeltaTable
-
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db, table, config = capture_period_config(services, tmp_path, 7914)
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)  # a first position, at the head
-        window = register_window(rt, table)
+    with window_registered(services, spark, tmp_path, 7914) as (rt, db, table, window):
         merged_batch = mirror_batch(rt)
         tailer = rt.tailer()
         with tailing(rt, tailer) as failures:
@@ -225,10 +234,7 @@ def test_between_a_running_captures_chunks_the_mirror_merges_at_its_capture_peri
             rt.dialect.write_watermark(window.high)  # no chunk described: aborted
             wait_until(lambda: (found := rt.state.get_window(window.window_id)) is not None
                        and found.value.status == "aborted", failures, "the window settled")
-            execute(services, db, "INSERT INTO t VALUES (1, 1)")
-            changelog = rt.layout.changelog(table)
-            wait_until(lambda: DeltaTable.isDeltaTable(spark, changelog)
-                       and spark.read.format("delta").load(changelog).count() >= 1, failures)
+            insert_a_row_into_the_changelog(services, spark, rt, db, table, failures)
             time.sleep(2.0)  # four times mirror_every_s, the tailer idle meanwhile
             assert not failures, failures
             merger = tailer._merger  # noqa: SLF001 - the run's own merger
