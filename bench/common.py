@@ -467,17 +467,8 @@ def with_ratios(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def zookeeper_requests(ep: Any) -> int | None:
-    """The requests the local ZooKeeper received so far (its ``srvr`` reply: every client's,
-    pings included); None if it does not answer."""
-    import socket
+    """The requests the local ZooKeeper received so far (see
+    :meth:`pipeline.services.ZooKeeper.requests_received`)."""
+    from pipeline.services import ZooKeeper
 
-    try:
-        with socket.create_connection((ep.host, ep.zk_port), timeout=2) as sock:
-            sock.sendall(b"srvr")
-            reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode(errors="replace")
-    except OSError:
-        return None
-    for line in reply.splitlines():
-        if line.startswith("Received:"):
-            return int(line.split(":", 1)[1])
-    return None
+    return ZooKeeper(dblog_home(), ep).requests_received()

@@ -461,6 +461,14 @@ class ZooKeeper(Service):
     def healthy(self) -> bool:
         return self.four_letters("ruok") == "imok"
 
+    def requests_received(self) -> int | None:
+        """The requests the node received since it started (its ``srvr`` reply: every
+        client's, pings included); None if it does not answer."""
+        for line in self.four_letters("srvr").splitlines():
+            if line.startswith("Received:"):
+                return int(line.split(":", 1)[1])
+        return None
+
 
 SERVICES: tuple[type[Service], ...] = (MariaDB, Postgres, ZooKeeper)
 

@@ -250,14 +250,13 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
 
 
 def zookeeper_requests(services: Endpoints) -> int:
-    """The requests the local ZooKeeper received so far (its ``srvr`` reply)."""
-    import socket
+    """The requests the local ZooKeeper received so far."""
+    from pipeline.paths import dblog_home
+    from pipeline.services import ZooKeeper
 
-    with socket.create_connection((services.host, services.zk_port), timeout=5) as sock:
-        sock.sendall(b"srvr")
-        reply = b"".join(iter(lambda: sock.recv(4096), b"")).decode()
-    return int(next(line for line in reply.splitlines()
-                    if line.startswith("Received:")).split(":")[1])
+    received = ZooKeeper(dblog_home(), services).requests_received()
+    assert received is not None, "ZooKeeper did not answer srvr"
+    return received
 
 
 def test_a_batch_waiting_for_chunk_files_reads_zookeeper_when_they_are_published(
