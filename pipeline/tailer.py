@@ -205,12 +205,12 @@ class _Pinned:
     it (:meth:`coverage`)."""
     deadline: float
     """When the tailer gives up waiting for the chunk's files."""
+    lookout: Lookout
+    """When to read the chunk's handoff again (its files, holder or window changed)."""
     mirror_check: Future[bool] | None = None
     """Whether the mirror holds a row in ``covered``: asked beside the log's reading
     (:meth:`Tailer._pin`)."""
     files: ChunkFiles | None = None
-    lookout: Lookout | None = None
-    """When to read the chunk's handoff again (its files, holder or window changed)."""
 
     def coverage(self) -> KeyRange | None:
         """The chunk's coverage for its emission: none where the mirror holds no row in it
@@ -1002,6 +1002,8 @@ class Tailer:
         pending.pinned.append(_Pinned(
             em, pin, range_key, current, new, covered,
             deadline=time.monotonic() + self.options.chunk_files_timeout_s,
+            lookout=Lookout(partial(handoff.watch_files, self.state, pin.window_id),
+                            FILES_LOOK_S),
             mirror_check=mirror_check))
 
     def _pin(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: _Pending,
@@ -1126,15 +1128,11 @@ class Tailer:
                 return found
             if self._stop.is_set():
                 raise _StopRequested()
-            assert pinned.lookout is not None
             pinned.lookout.wait(FILES_WAIT_S)
 
     def _files_if_changed(self, pinned: _Pinned) -> ChunkFiles | str | None:
         """:meth:`_files_now` if the chunk's handoff changed since the last read (its
         ZooKeeper watches fired) or ``FILES_LOOK_S`` passed; None otherwise."""
-        if pinned.lookout is None:
-            pinned.lookout = Lookout(partial(handoff.watch_files, self.state,
-                                             pinned.pin.window_id), FILES_LOOK_S)
         if not pinned.lookout.due():
             return None
         self.state.check_leader()
