@@ -150,6 +150,13 @@ class TailOptions:
     closed one, reading nothing meanwhile. A log change waits for at most about this long
     plus the writes of the chunks pinned in its batch and in the closed one before it,
     however long a capture goes on."""
+    pins_per_batch: int = 2
+    """A batch that pinned this many chunks pins no more: it is written once their files
+    are there (or closes and waits for them while the next batch pins the chunks after
+    them), so emissions keep pace with the captures' writes (two at a time). A batch that
+    pinned every high watermark it found waited, on an idle source, until the capture
+    stopped selecting at its ``max_in_flight`` limit and every chunk pinned so far was
+    written: the pipeline paused every ``max_in_flight`` chunks."""
 
 
 @dataclass
@@ -562,20 +569,27 @@ class Tailer:
             pending.opened = time.monotonic()
             return enough
 
+        def pins_full(batch: _Pending) -> bool:
+            """The batch pinned ``pins_per_batch`` chunks: it pins no more (a replayed
+            batch pins what its recorded end holds)."""
+            return (not cutter.replaying
+                    and len(batch.pinned) >= self.options.pins_per_batch)
+
         def due(cut: Cut | None) -> TypeGuard[Cut]:
             """Whether to make ``cut`` now. A batch holding pinned chunks waits for their
             files: the reader reads on meanwhile, and the high watermarks it finds are
             pinned too, so the captures write several chunks at once. A replayed batch's
-            recorded end, a full batch and a batch whose log changes have waited
-            ``pin_ahead_s`` are cut without them (:func:`cut_at` closes such a batch and
-            reads on into the next). While a batch is closed, the next is cut only when
-            full or its log changes have waited ``pin_ahead_s``."""
+            recorded end, a full batch, a batch that pinned ``pins_per_batch`` chunks and
+            a batch whose log changes have waited ``pin_ahead_s`` are cut without them
+            (:func:`cut_at` closes such a batch and reads on into the next). While a batch
+            is closed, the next is cut only when full or its log changes have waited
+            ``pin_ahead_s``."""
             if cut is None:
                 return False
             if self._closed:  # written after the closed batch: no sooner than it must
                 return cutter.full or self._changes_waited(pending)
             return (cutter.replaying or cutter.full or self._changes_waited(pending)
-                    or self._pinned_files_ready(pending))
+                    or pins_full(pending) or self._pinned_files_ready(pending))
 
         try:
             while not stop.is_set():
@@ -602,6 +616,8 @@ class Tailer:
                     last_resume = tx.resume
                     cut = cutter.consumed(resume, tx.resume, pending.events - events_before,
                                           time.monotonic())
+                    if cut is None and pins_full(pending):
+                        cut = cutter.pending  # read on into the next batch, which pins on
                     if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                 if txs:
