@@ -616,7 +616,7 @@ def test_a_batch_pins_two_chunks_and_emits_them_before_the_third_chunks_files(
     third's are still missing. A batch that went on pinning every high watermark held
     the first two until every chunk pinned meanwhile had its files: on an idle source,
     until the capture stopped selecting at its ``max_in_flight`` limit, so the capture
-    paused, and one core idled, every ``max_in_flight`` chunks (a 5M-row capture: 2.9-4.6 s
+    paused, and one core idled, every ``max_in_flight`` chunks (a 5M-row capture: 2.7-4.6 s
     per pause)."""
     from pipeline import handoff
 
