@@ -221,7 +221,7 @@ def test_backfill_from_the_ui_and_what_a_person_sees(
     # What a person sees: the partitions page and the global lineage graph.
     shot = ARTIFACTS / "full_state-partitions.png"
     dom = chromium(f"{server.url}/assets/{asset_path(accounts.full_state)}?view=partitions",
-                   shot, showing=(f"{len(keys)} Partitions",))
+                   shot, showing=(f"{len(keys)} Partitions", f"Materialized ({len(keys)})"))
     assert shot.stat().st_size > 10_000
     assert "full_state" in dom
     assert f"{len(keys)} Partitions" in dom, dom[-2000:]
@@ -237,7 +237,7 @@ def test_backfill_from_the_ui_and_what_a_person_sees(
     table_lineage = ARTIFACTS / "table-lineage.png"
     dom = chromium(f"{server.url}/locations/pipeline.definitions/asset-groups/"
                    f"{accounts.group}/lineage", table_lineage,
-                   showing=("source", "full_state", "changelog", "mirror"))
+                   showing=("source", "full_state", "changelog", "mirror", "100% filled"))
     for name in ("source", "full_state", "changelog", "mirror"):
         assert name in dom, name
     assert "100% filled" in dom  # partition health on the lineage node
