@@ -465,8 +465,13 @@ class _Queued:
     errors: list[BaseException]
 
     def status(self, wid: str) -> str | None:
-        found = self.rt.state.get_window(wid)
-        return None if found is None else found.value.status
+        return window_status(self.rt, wid)
+
+
+def window_status(rt: Any, wid: str) -> str | None:
+    """The window's status in ZooKeeper (``None``: gone)."""
+    found = rt.state.get_window(wid)
+    return None if found is None else found.value.status
 
 
 def start_tailing(tailer: Any, stop: threading.Event, errors: list[BaseException]
@@ -635,10 +640,6 @@ def test_a_batch_pins_two_chunks_and_emits_them_before_the_third_chunks_files(
         held: list[Any] = []
         writers: list[threading.Thread] = []
 
-        def status(wid: str) -> str | None:
-            found = rt.state.get_window(wid)
-            return None if found is None else found.value.status
-
         def write(chunk: Any) -> None:
             writer = threading.Thread(target=capturer._write_held, args=(chunk,),
                                       kwargs={"stop": None})
@@ -663,15 +664,17 @@ def test_a_batch_pins_two_chunks_and_emits_them_before_the_third_chunks_files(
             write(held[0])
             write(held[1])
             wait_for("the first two chunks' emission, the third's files missing",
-                     lambda: all(status(c.window_id) == "emitted" for c in held[:2]),
+                     lambda: all(window_status(rt, c.window_id) == "emitted"
+                                 for c in held[:2]),
                      timeout=30)
-            assert status(held[2].window_id) == "registered"
+            assert window_status(rt, held[2].window_id) == "registered"
             progress = rt.state.get_range(capture_id, range_id)
             assert progress is not None
             assert (progress.value.last_emitted_key, progress.value.chunks_emitted) == ((40,), 2)
             write(held[2])
             wait_for("the third chunk's emission",
-                     lambda: status(held[2].window_id) == "emitted", timeout=30)
+                     lambda: window_status(rt, held[2].window_id) == "emitted",
+                     timeout=30)
         finally:
             stop.set()
             for chunk in held:  # a chunk whose writer never ran gives its rows up
