@@ -21,16 +21,21 @@ def services() -> Endpoints:
     """
     from pipeline import services as svc
 
+    import os
+
     svc.up()
     endpoints = svc.endpoints()
-    _drop_abandoned_slots(endpoints)
+    if not os.environ.get("DBLOG_SHARED_SERVICES"):
+        _drop_abandoned_slots(endpoints)
     return endpoints
 
 
 def _drop_abandoned_slots(ep: Endpoints) -> None:
     """Replication slots that killed test runs left on the local PostgreSQL keep its WAL
     forever: drop the inactive ``dblog_`` ones (not the demo's) before a run. Only one
-    test run uses the local services at a time."""
+    test run uses the local services at a time, unless ``DBLOG_SHARED_SERVICES`` is set
+    (several checkouts testing against one set of services): then none is dropped, since
+    another run's slot is inactive between its tailer runs."""
     import warnings
 
     from pipeline.sample_pg import pg_connect
