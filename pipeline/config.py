@@ -90,6 +90,11 @@ class TailConfig:
     """How long a batch's log changes may wait while the tailer reads on and pins further
     chunks into it (``TailOptions.pin_ahead_s``; 0: a batch holding log changes pins no
     more); then it closes, and later chunks are pinned for the batch after it."""
+    heal: str = "capture"
+    """What the tailer does when rows of a table changed without row events (a DDL that
+    fills or rewrites a column, a statement-format DML, a partial row image, a foreign-key
+    cascade): ``capture`` captures them again (the table, or the keys the log names) beside
+    the tail; ``notify`` only notes it in ``dblog status`` and the log."""
     lag_warn_s: float = 60.0
     """The tail-lag asset check warns above this many seconds behind the source..."""
     lag_error_s: float = 600.0

@@ -187,6 +187,7 @@ class TailSection(_Section):
     mirror_max_events: Positive | None = None
     chunk_files_timeout_s: PositiveFloat | None = None
     pin_ahead_s: SecondsOrOff | None = None
+    heal: Literal["capture", "notify"] | None = None
     lag_warn_s: PositiveFloat | None = None
     lag_error_s: PositiveFloat | None = None
 

@@ -18,15 +18,16 @@ from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError
 from pipeline.events import TableId
 from pipeline.runtime import Runtime
+from pipeline.state import StateStore
 
 
 class CapturePaused(DblogError):
     """A capture of the table is paused: resume (or cancel) it first."""
 
 
-def paused_captures(rt: Runtime, table: TableId) -> list[str]:
+def paused_captures(state: StateStore, table: TableId) -> list[str]:
     """Ids of the table's paused captures."""
-    return [f.value.capture_id for f in rt.state.list_captures()
+    return [f.value.capture_id for f in state.list_captures()
             if f.value.status == "paused" and table in f.value.tables]
 
 
@@ -61,7 +62,7 @@ def capture_ranges(
 ) -> dict[str, RangeReport]:
     """Capture ``ranges`` (name -> key range, in key order) of ``table``; the report of each
     range by name. Raises :class:`CapturePaused` while a capture of the table is paused."""
-    paused = paused_captures(rt, table)
+    paused = paused_captures(rt.state, table)
     if paused:
         raise CapturePaused(
             f"capture {', '.join(paused)} of {table} is paused: run `dblog resume {table}` "

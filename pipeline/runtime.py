@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pipeline.capture import CaptureOptions, Capturer
 from pipeline.config import PipelineConfig, TailConfig
 from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
+from pipeline.heal import Healer
 from pipeline.lake.layout import LakeLayout
 from pipeline.state import StateStore, StateUnavailable
 from pipeline.tailer import MIRROR_DOC, Tailer, TailOptions
@@ -113,10 +115,14 @@ class Runtime:
         return LakeLayout(self.config.lake, self.config.source.name)
 
     def tailer(self, tables: Sequence[TableId] | None = None, **kwargs: object) -> Tailer:
+        """The source's tailer (of ``tables``, default every configured table); with
+        ``tail.heal: capture`` its leading runs heal rows changed without row events."""
         options = tail_options(self.config.tail)
+        chosen = self.config.table_ids if tables is None else tuple(tables)
+        healer = (partial(Healer, self.state, self.capturer, chosen)
+                  if self.config.tail.heal == "capture" else None)
         return Tailer(dialect=self.dialect, state=self.state, sink=self.sink,
-                      tables=self.config.table_ids if tables is None else tuple(tables),
-                      options=options,
+                      tables=chosen, options=options, healer=healer,
                       identifier=identifier(), **kwargs)  # type: ignore[arg-type]
 
     def capturer(self) -> Capturer:

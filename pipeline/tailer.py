@@ -40,6 +40,7 @@ from pipeline.errors import DblogError, LeadershipLost, SourceError, StateConfli
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
 from pipeline.handoff import ChunkFiles, ChunkPin, chunk_path
+from pipeline.heal import Healer, request_heal
 from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
 from pipeline.mirror import MirrorMerger, behind_the_log, mirror_due
 from pipeline.prefetch import PrefetchingReader
@@ -48,6 +49,7 @@ from pipeline.sources.base import (
     SourceDialect,
     TableSchema,
     Transaction,
+    UnloggedChange,
     confirm_log,
 )
 from pipeline.state import (
@@ -284,7 +286,11 @@ class Tailer:
         options: TailOptions | None = None,
         identifier: str = "tailer",
         on_batch: Callable[[BatchReport], None] | None = None,
+        healer: Callable[[], Healer] | None = None,
     ) -> None:
+        """``healer`` builds the :class:`~pipeline.heal.Healer` a leading run starts: it
+        captures what the heal requests name (rows changed without row events). Without
+        one, such changes are only noted (``notices/``, ``dblog status``)."""
         self.dialect = dialect
         self.state = state
         self.sink = sink
@@ -293,6 +299,8 @@ class Tailer:
         self.options = options or TailOptions()
         self.identifier = identifier
         self.on_batch = on_batch
+        self._new_healer = healer
+        self._healer: Healer | None = None
         self._proc = WindowProcessor()
         self._ranges: dict[tuple[str, str], Versioned[RangeProgress]] = {}
         self._window_docs: dict[str, WindowState] = {}
@@ -506,6 +514,7 @@ class Tailer:
         # Decoding runs ahead in a thread of its own while batches are written, and the
         # mirrors merge in another.
         self._merger = MirrorMerger(self._merge_mirrors)
+        self._healer = self._new_healer().start() if self._new_healer is not None else None
         self._coverage_checks = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dblog-coverage-check")
         reader = PrefetchingReader(
@@ -644,7 +653,8 @@ class Tailer:
                 if cut is not None:
                     if cut_at(cut):
                         return self._finish(summary, committed.value)
-                elif until_caught_up and not cutter.replaying and caught_up(here):
+                elif (until_caught_up and not cutter.replaying and caught_up(here)
+                      and self._healed()):
                     write_closed(wait=True)
                     return self._finish(summary, committed.value)
                 if not cutter.replaying:
@@ -661,8 +671,14 @@ class Tailer:
             return self._finish(summary, committed.value)
         finally:
             reader.close()
+            if self._healer is not None:
+                self._healer.close()
             self._merger.close()
             self._coverage_checks.shutdown(wait=True, cancel_futures=True)
+
+    def _healed(self) -> bool:
+        """Whether no heal runs or waits (``--until-caught-up`` ends only then)."""
+        return self._healer is None or self._healer.idle()
 
     def _log_needed_from(self, committed: PositionState) -> Mapping[str, Any]:
         """The earliest log position a restart may read from: the committed position, or
@@ -894,8 +910,15 @@ class Tailer:
             if isinstance(item, SchemaChange):
                 if item.resets_rows and item.table in self._tracked:
                     self._table_reset(item, pending, warm)
-                elif item.rewrites_rows and item.table in self._tracked and not warm:
-                    self._repair_advised(item)
+                if item.rewrites_rows and item.table in self._tracked:
+                    self._unlogged(UnloggedChange(
+                        item.table, item.position,
+                        f"{item.statement[:200]!r} may have changed rows without row events"),
+                        pending, warm)
+                continue
+            if isinstance(item, UnloggedChange):
+                if item.table in self._tracked:
+                    self._unlogged(item, pending, warm)
                 continue
             if isinstance(item, ChangeEvent) and item.table not in self._tracked:
                 continue
@@ -946,17 +969,36 @@ class Tailer:
             pending.table(change.table).truncates.append(change.position)
             pending.add_change()
 
-    def _repair_advised(self, change: SchemaChange) -> None:
-        """A DDL may have rewritten rows without row events: say so where operators look
-        (the log and ``dblog status``); a capture of the table repairs the mirror."""
-        log.warning("%s: %r at %s may have changed rows without row events; capture the "
-                    "table to repair its mirror (`dblog capture %s`)", change.table,
-                    change.statement[:120], change.position, change.table)
+    def _unlogged(self, change: UnloggedChange, pending: _Pending, warm: bool) -> None:
+        """Rows of a tracked table changed without the row events that say how. An open
+        window on the table must not emit them: their keys count as changed in it, or, when
+        the log does not name them, the window is aborted (its capture selects the chunk
+        again). Outside warm-up, the change is noted where operators look, and a heal is
+        asked for (:mod:`pipeline.heal`), unless healing is off."""
+        if change.keys is None:
+            for w in self._proc.active_windows:
+                if w.table == change.table:
+                    self._proc.discard(w.window_id)
+                    if not warm:
+                        self._abort(w.window_id, "rows of the table changed inside the "
+                                    "window without row events", pending)
+        else:
+            self._proc.touch(change.table, change.keys)
+        if warm:
+            return
+        healing = self._new_healer is not None
+        what = ("the whole table" if change.keys is None
+                else f"{len(change.keys)} key{'s' if len(change.keys) != 1 else ''}")
+        log.warning("%s at %s: %s; %s", change.table, change.position, change.reason,
+                    f"healing it: a capture of {what}" if healing
+                    else f"capture it to repair the lake (`dblog capture {change.table}`)")
         self.state.put(notice_path(change.table), {
             "table": [change.table.database, change.table.table],
-            "statement": change.statement[:2000], "lsn": change.position.lsn,
-            "noted_at_ms": int(time.time() * 1000),
+            "statement": change.reason[:2000], "lsn": change.position.lsn,
+            "noted_at_ms": int(time.time() * 1000), "healing": healing,
         }, None)
+        if healing:
+            request_heal(self.state, change.table, change.reason, change.keys)
 
     # ---- chunk emissions and range progress ---------------------------------------------
 

@@ -151,6 +151,13 @@ class WindowProcessor:
                 del self._active_by_table[window.table]
         return window
 
+    def touch(self, table: TableId, keys: Sequence[Key]) -> None:
+        """Record ``keys`` of ``table`` as changed in every active window on it, as a
+        change event of each would (rows whose change the log does not describe: the
+        chunk must not emit them, a heal brings them)."""
+        for window_id in self._active_by_table.get(table, ()):
+            self._seen[window_id].update(keys)
+
     def process(self, event: ChangeEvent | WatermarkEvent) -> list[Output]:
         """Consume the next log event; return the outputs, in order."""
         if isinstance(event, ChangeEvent):

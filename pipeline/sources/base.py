@@ -81,7 +81,23 @@ class SchemaChange:
     mirror may differ from the source until a capture of the table repairs it."""
 
 
-LogItem = ChangeEvent | WatermarkEvent | SchemaChange
+@dataclass(frozen=True, slots=True)
+class UnloggedChange:
+    """Rows of a tracked table changed at ``position`` without the row events that say how:
+    a statement-format DML, a partial row image, a foreign-key cascade. The lake must read
+    them again from the table (a heal, :mod:`pipeline.heal`).
+
+    ``keys``: the keys whose rows changed, when the log names them (None: any row of the
+    table may have changed). ``reason`` says what happened and how to avoid it, in the
+    operator's words (the setting or schema feature, and its fix)."""
+
+    table: TableId
+    position: Position
+    reason: str
+    keys: tuple[Key, ...] | None = None
+
+
+LogItem = ChangeEvent | WatermarkEvent | SchemaChange | UnloggedChange
 
 
 @dataclass(frozen=True, slots=True)

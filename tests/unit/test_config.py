@@ -188,9 +188,10 @@ def test_every_tail_setting_reaches_the_tailer() -> None:
     options = tail_options(config.tail)
     for name, value in settings.items():
         assert getattr(options, name) == value, name
-    # every tail setting but the asset checks' lag levels is a tailer option
+    # every tail setting but the asset checks' lag levels and the healing switch (the
+    # runtime gives the tailer a healer, or none) is a tailer option
     assert {f.name for f in fields(TailConfig)} - {f.name for f in fields(TailOptions)} == {
-        "lag_warn_s", "lag_error_s"}
+        "lag_warn_s", "lag_error_s", "heal"}
     # the YAML's tail section knows every setting, and only those
     from pipeline.config_schema import CaptureSection, TailSection
 
@@ -272,3 +273,10 @@ def test_the_users_jvm_options_are_added_to_dblogs() -> None:
     assert theirs[JAVA_OPTIONS] == f"{ours} -Xss4m -Dx=1"
     assert theirs["spark.sql.shuffle.partitions"] == "8"  # any other setting replaces dblog's
     assert spark_conf(extra={JAVA_OPTIONS: " "})[JAVA_OPTIONS] == ours
+
+
+def test_healing_is_on_by_default_and_can_only_notify() -> None:
+    assert parse_config(GOOD).tail.heal == "capture"
+    assert parse_config({**GOOD, "tail": {"heal": "notify"}}).tail.heal == "notify"
+    with pytest.raises(ConfigError, match="tail.heal"):
+        parse_config({**GOOD, "tail": {"heal": "sometimes"}})

@@ -223,3 +223,18 @@ def test_materialize_composite_keys_with_none_and_duplicates() -> None:
     assert materialize(e, []) == []
     with pytest.raises(ValueError):
         materialize(e, [((1, "b"), {}), ((1, "b"), {})])
+
+
+def test_touched_keys_are_dropped_by_the_active_windows_of_their_table_only() -> None:
+    """Rows changed without row events (a partial row image) count as changed in every
+    window that is active on their table, and in no other."""
+    p = WindowProcessor()
+    p.register(win(1))
+    p.register(win(2, OTHER))
+    p.register(win(3))
+    run(p, [wm("lo1", 1), wm("lo2", 2)])
+    p.touch(T, [(7,), (8,)])  # window 3 is registered, not active: it sees nothing
+    p.touch(OTHER, [(9,)])
+    out = run(p, [wm("lo3", 3), wm("hi1", 4), wm("hi2", 5), wm("hi3", 6)])
+    emitted = {e.window.window_id: e.dropped_keys for e in out if isinstance(e, ChunkEmission)}
+    assert emitted == {"w1": {(7,), (8,)}, "w2": {(9,)}, "w3": frozenset()}
