@@ -17,9 +17,9 @@ from pipeline.sources.base import ChunkSpec, Column, TableSchema
 from pipeline.sources.mysql import MySqlDialect, MySqlSettings
 from pipeline.sources.mysql.binlog import binlog_file_index, native_position
 from pipeline.sources.mysql.checks import check_privileges, check_server_variables
-from pipeline.sources.mysql.schema import ddl_targets
 from pipeline.sources.mysql.snapshot import build_chunk_sql, source_type_of
 from pipeline.sources.mysql.sqltext import literal, quote_ident
+from pipeline.sources.mysql.statements import ddl_targets
 from pipeline.sources.mysql.types import (
     SourceType,
     binlog_converter,

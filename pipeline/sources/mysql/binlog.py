@@ -19,10 +19,10 @@ Row images are decoded with the columns of the TABLE_MAP event that precedes the
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pymysql
@@ -48,7 +48,14 @@ from pymysqlreplication.row_event import (
 
 from pipeline.errors import ConfigError, DblogError, LogPurgedError, SourceError
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
-from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
+from pipeline.sources.base import (
+    Column,
+    LogItem,
+    SchemaChange,
+    TableSchema,
+    Transaction,
+    UnloggedChange,
+)
 from pipeline.sources.mysql.connection import LogConnection, MySqlSettings, translate
 from pipeline.sources.mysql.dumpstream import (
     DumpStream,
@@ -58,11 +65,10 @@ from pipeline.sources.mysql.dumpstream import (
     RawXid,
 )
 from pipeline.sources.mysql.rowimage import ImageReader, compile_reader, full_bitmap
-from pipeline.sources.mysql.schema import ddl_targets, no_primary_key
+from pipeline.sources.mysql.schema import no_primary_key
+from pipeline.sources.mysql.statements import statement_effect
 from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlog_column
 
-_COMMENTS = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
-_STATEMENT_WORDS = re.compile(r"[A-Z_]+")
 ONLY_EVENTS = [
     QueryEvent, XidEvent, RotateEvent, FormatDescriptionEvent, TableMapEvent, WriteRowsEvent,
     UpdateRowsEvent, DeleteRowsEvent, MariadbGtidEvent, HeartbeatLogEvent, StopEvent,
@@ -193,6 +199,36 @@ def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
     return _Plan(table, schema, tuple(decoders), watermark, image, full_bitmap(len(columns)))
 
 
+def _present(names: Sequence[str], bitmap: bytes) -> set[str]:
+    """The columns a columns-present bitmap marks."""
+    return {name for i, name in enumerate(names) if bitmap[i // 8] & (1 << (i % 8))}
+
+
+def _partial(plan: _Plan, event: Any) -> bool:
+    """Whether a library ROWS event's images lack some of the table map's columns."""
+    if event.columns_present_bitmap != plan.full:
+        return True
+    return isinstance(event, UpdateRowsEvent) and event.columns_present_bitmap2 != plan.full
+
+
+def partial_image_reason(table: TableId, where: str) -> str:
+    """What a partial row image means, and how to avoid it."""
+    return (f"the row images at {where} hold only some of {table}'s columns: the session "
+            "that wrote them had binlog_row_image MINIMAL or NOBLOB (dblog needs FULL), so "
+            "the new values of the rows are not in the log. Keep binlog_row_image=FULL in "
+            "every session: a session needs SUPER or BINLOG ADMIN to change it, so revoke "
+            "those from the application's users")
+
+
+def statement_dml_reason(where: str, query: str) -> str:
+    """What a DML logged as text means, and how to avoid it."""
+    return (f"the statement at {where} ({query[:120]!r}) was logged as text, without row "
+            "events: the session that ran it had binlog_format STATEMENT or MIXED (dblog "
+            "needs ROW), so the rows it changed are not in the log. Keep binlog_format=ROW "
+            "in every session: a session needs SUPER or BINLOG ADMIN to change it, so revoke "
+            "those from the application's users")
+
+
 def _compiled(plan: _Plan, event: Any, update: bool) -> bytes | None:
     """The rows part of a library event when the compiled reader can decode it (full
     images)."""
@@ -249,35 +285,6 @@ def update_images(plan: _Plan, event: Any) -> list[tuple[dict[str, Any], dict[st
                 for row in event.rows]
     assert plan.image is not None
     return read_image_pairs(plan.image, body)
-
-
-def resets_rows(query: str) -> bool:
-    """Whether a DDL statement removes every row of the tables it names without row events:
-    TRUNCATE [TABLE], DROP TABLE, DROP DATABASE/SCHEMA (comments and modifiers ignored)."""
-    words = _STATEMENT_WORDS.findall(_COMMENTS.sub(" ", query).upper())
-    words = [w for w in words if w not in ("TEMPORARY", "IF", "EXISTS", "NOT")]
-    if not words:
-        return False
-    if words[0] == "TRUNCATE":
-        return True
-    return words[0] == "DROP" and len(words) > 1 and words[1] in ("TABLE", "TABLES",
-                                                                  "DATABASE", "SCHEMA")
-
-
-def rewrites_rows(query: str) -> bool:
-    """Whether a DDL statement may change stored values without row events: ALTER TABLE with
-    MODIFY / CHANGE / CONVERT TO / ADD ... DEFAULT (existing rows take the default), and
-    RENAME TABLE (a table renamed into a captured name brings its own rows)."""
-    words = _STATEMENT_WORDS.findall(_COMMENTS.sub(" ", query).upper())
-    if len(words) < 2:
-        return False
-    if words[0] == "RENAME" and words[1] in ("TABLE", "TABLES"):
-        return True
-    if words[0] != "ALTER" or "TABLE" not in words[1:4]:
-        return False
-    changed = {"MODIFY", "CHANGE", "CONVERT"} & set(words)
-    adds_default = "ADD" in words and "DEFAULT" in words
-    return bool(changed) or adds_default
 
 
 class MySqlLogReader:
@@ -501,6 +508,9 @@ class MySqlLogReader:
             return
         self._check_columns(plan, int(event.number_of_columns))
         offset = int(event.packet.log_pos)
+        if not plan.watermark and _partial(plan, event):
+            self._take_partial(plan, event, offset)
+            return
         if isinstance(event, UpdateRowsEvent):
             self._take_rows(plan, "u", offset, update_images(plan, event))
         elif isinstance(event, WriteRowsEvent):
@@ -528,6 +538,46 @@ class MySqlLogReader:
             self._take_rows(plan, "u", event.log_pos, read_image_pairs(plan.image, event.body))
         elif event.kind == "w" or not plan.watermark:
             self._take_rows(plan, event.kind, event.log_pos, read_images(plan.image, event.body))
+
+    def _take_partial(self, plan: _Plan, event: Any, offset: int) -> None:
+        """A ROWS event whose images hold only some columns (``binlog_row_image`` MINIMAL
+        or NOBLOB in the session that wrote it). A delete's key is all it needs: it is
+        buffered as a delete (its before image holds NULL in the columns the image lacks).
+        An insert's or update's new row is unknown: its key is buffered as an unlogged
+        change (healed by a capture of it), and an update that moved its key deletes the
+        old one. Without the key columns, the whole table is unlogged."""
+        names = [name for name, _, _ in plan.columns]
+        key = plan.schema.key
+        update = isinstance(event, UpdateRowsEvent)
+        before_cols = _present(names, event.columns_present_bitmap)
+        after_cols = _present(names, event.columns_present_bitmap2) if update else before_cols
+        position_of = partial(Position.from_binlog, self._file_index, offset)
+        seq, changed, whole = 0, [], False
+        for row in event.rows:
+            if update:
+                before = _decode(plan, row["before_values"], row["before_none_sources"])
+                after = _decode(plan, row["after_values"], row["after_none_sources"])
+            else:
+                before = after = _decode(plan, row["values"], row["none_sources"])
+            if not set(key) <= before_cols:
+                whole = True
+                continue
+            old = tuple(before[k] for k in key)
+            if isinstance(event, DeleteRowsEvent):
+                new = None
+            else:
+                new = tuple(after[k] if k in after_cols else before[k] for k in key)
+            if update and new != old or isinstance(event, DeleteRowsEvent):
+                self._touched[plan.table] = plan.schema
+                self._buffer.append(("c", plan.table, Op.DELETE, old, before, None,
+                                     position_of(seq)))
+                seq += 1
+            if new is not None:
+                changed.append(new)
+        if whole or changed:
+            reason = partial_image_reason(plan.table, f"{self._file}:{offset}")
+            self._buffer.append(("x", plan.table, None if whole else tuple(changed), reason,
+                                 position_of(seq)))
 
     def _check_columns(self, plan: _Plan, columns: int) -> None:
         if columns != len(plan.columns):
@@ -593,19 +643,32 @@ class MySqlLogReader:
             self._reset_transaction()
             return None
         default_db = event.schema.decode("utf-8", "replace") if event.schema else ""
-        tables, databases = ddl_targets(query, default_db)
-        hits = [t for t in tables if t in self._tracked]
-        hits += sorted(
-            (t for t in self._tracked if t.database in databases and t not in hits), key=str
-        )
-        offset = int(event.packet.log_pos)
-        resets, rewrites = resets_rows(query), rewrites_rows(query)
-        for seq, table in enumerate(dict.fromkeys(hits)):
-            position = Position.from_binlog(self._file_index, offset, seq)
-            self._buffer.append(("s", SchemaChange(table, query, position, resets, rewrites)))
+        self._take_statement(query, default_db, int(event.packet.log_pos))
         if self._in_txn and not self._standalone:
             return None
         return self._commit(int(event.packet.log_pos), event.timestamp)
+
+    def _take_statement(self, query: str, default_db: str, offset: int) -> None:
+        """Buffer what a statement (a Query event's text) does to tracked tables: schema
+        changes (emptied or rewritten tables among them), or, for a DML logged as text, an
+        unlogged change of every tracked table it names."""
+        effect = statement_effect(query, default_db)
+        if effect.dml:
+            hits = [t for t in effect.rewrites if t in self._tracked]
+            where = f"{self._file}:{offset}"
+            for seq, table in enumerate(sorted(hits, key=str)):
+                position = Position.from_binlog(self._file_index, offset, seq)
+                self._buffer.append(("x", table, None, statement_dml_reason(where, query),
+                                     position))
+            return
+        hits = [t for t in effect.tables if t in self._tracked]
+        hits += sorted((t for t in self._tracked
+                        if t.database in effect.databases and t not in hits), key=str)
+        for seq, table in enumerate(dict.fromkeys(hits)):
+            position = Position.from_binlog(self._file_index, offset, seq)
+            resets = table in effect.resets or table.database in effect.databases
+            self._buffer.append(("s", SchemaChange(table, query, position, resets,
+                                                   table in effect.rewrites)))
 
     def _begin_group(self, gtid_flags: int) -> None:
         """A MariaDB GTID event: a new event group (transaction) starts."""
@@ -629,6 +692,9 @@ class MySqlLogReader:
                                          before=before, after=after, commit_ts_ms=ts))
             elif kind == "w":
                 items.append(WatermarkEvent(entry[1], entry[2], ts))
+            elif kind == "x":
+                _, table, keys, reason, position = entry
+                items.append(UnloggedChange(table, position, reason, keys))
             else:
                 items.append(entry[1])
         return Transaction(
