@@ -19,9 +19,9 @@ def services() -> Endpoints:
 
     Never skips: if a service cannot start, the error says why and the tests fail.
     """
-    from pipeline import services as svc
-
     import os
+
+    from pipeline import services as svc
 
     svc.up()
     endpoints = svc.endpoints()

@@ -80,6 +80,96 @@ def assert_lake_is_source(k: SourceKit, spark: SparkSession, rt: Any, db: str,
 # ---- MariaDB / MySQL -------------------------------------------------------------------
 
 
+FK_SCHEMA = (
+    "CREATE TABLE {db}.p (id INT PRIMARY KEY, code VARCHAR(5) UNIQUE)",
+    "CREATE TABLE {db}.c_del (id INT PRIMARY KEY, pid INT, FOREIGN KEY (pid) REFERENCES"
+    " {db}.p (id) ON DELETE CASCADE)",
+    "CREATE TABLE {db}.c_null (id INT PRIMARY KEY, pid INT, FOREIGN KEY (pid) REFERENCES"
+    " {db}.p (id) ON DELETE SET NULL ON UPDATE SET NULL)",
+    "CREATE TABLE {db}.c_upd (id INT PRIMARY KEY, pcode VARCHAR(5), FOREIGN KEY (pcode)"
+    " REFERENCES {db}.p (code) ON UPDATE CASCADE)",
+    "CREATE TABLE {db}.mid (id INT PRIMARY KEY, pid INT, FOREIGN KEY (pid) REFERENCES"
+    " {db}.p (id) ON DELETE CASCADE)",
+    "CREATE TABLE {db}.g (id INT PRIMARY KEY, mid_id INT, FOREIGN KEY (mid_id) REFERENCES"
+    " {db}.mid (id) ON DELETE CASCADE)",
+    "CREATE TABLE {db}.e (id INT PRIMARY KEY, boss INT, FOREIGN KEY (boss) REFERENCES"
+    " {db}.e (id) ON DELETE SET NULL)",
+    "INSERT INTO {db}.p VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')",
+    "INSERT INTO {db}.c_del VALUES (10, 1), (11, 1), (12, 2), (13, 3)",
+    "INSERT INTO {db}.c_null VALUES (20, 1), (21, 2), (22, 4)",
+    "INSERT INTO {db}.c_upd VALUES (30, 'b'), (31, 'd')",
+    "INSERT INTO {db}.mid VALUES (40, 1), (41, 2)",
+    "INSERT INTO {db}.g VALUES (50, 40), (51, 41)",
+    "INSERT INTO {db}.e VALUES (60, NULL), (61, 60), (62, 61)",
+)
+FK_TRACKED = ["c_del", "c_null", "c_upd", "g", "e"]
+
+
+def test_mariadb_foreign_key_actions_reach_the_tracked_children(
+    maria: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """InnoDB applies ON DELETE/ON UPDATE CASCADE and SET NULL below the SQL layer and logs
+    no row events for them: the parent (tracked or not) is watched, and every tracked table
+    its actions reach is healed, through an untracked table in between and a table that
+    references itself; REPLACE on a parent deletes the row first (a cascade too)."""
+    db = new_schema(maria, *FK_SCHEMA)
+    with feature_pipeline(maria, tmp_path, spark, db, FK_TRACKED) as rt:
+        capture(rt, *(TableId(db, t) for t in FK_TRACKED))
+        run(maria, db, "DELETE FROM {db}.p WHERE id = 1",  # c_del, c_null, mid -> g
+            "UPDATE {db}.p SET code = 'bb' WHERE id = 2",  # c_upd (code), not c_null (id)
+            "UPDATE {db}.p SET id = 44 WHERE id = 4",  # c_null (ON UPDATE SET NULL)
+            "REPLACE INTO {db}.p VALUES (3, 'cc')",  # a delete and an insert: c_del
+            "DELETE FROM {db}.e WHERE id = 60")  # 61 loses its boss
+        tail_until_caught_up(rt)
+        assert_lake_is_source(maria, spark, rt, db, {t: ("id",) for t in FK_TRACKED})
+
+
+def test_mariadb_foreign_keys_added_or_dropped_are_followed(
+    maria: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """A cascading key added while the tailer runs is watched from then on (the reader
+    reads the keys again after a DDL and reopens its stream with the new parent); a key
+    dropped after a cascade the tailer had not read yet heals the child when the tailer
+    reads the DROP (it read the cascade with the keys as they are now, without it)."""
+    from pipeline.background import BackgroundTailer
+    from tests.integration.helpers import wait_for
+
+    db = new_schema(maria, "CREATE TABLE {db}.p (id INT PRIMARY KEY)",
+                    "CREATE TABLE {db}.c (id INT PRIMARY KEY, pid INT)",
+                    "INSERT INTO {db}.p VALUES (1), (2), (3)",
+                    "INSERT INTO {db}.c VALUES (10, 1), (11, 2), (12, 3)")
+    with feature_pipeline(maria, tmp_path, spark, db, ["c"]) as rt:
+        capture(rt, TableId(db, "c"))
+        with BackgroundTailer(rt.tailer()) as bg:
+            rt.wait_caught_up(bg.check)
+            run(maria, db, "ALTER TABLE {db}.c ADD CONSTRAINT f FOREIGN KEY (pid) REFERENCES"
+                " {db}.p (id) ON DELETE CASCADE", "DELETE FROM {db}.p WHERE id = 1")
+            wait_for("the cascade healed", lambda: (bg.check(), not lake_differences(
+                maria, spark, rt, db, "c", ("id",)))[1], timeout=300, poll=2.0)
+        run(maria, db, "DELETE FROM {db}.p WHERE id = 2",  # read by the next tailer...
+            "ALTER TABLE {db}.c DROP FOREIGN KEY f")  # ...which opens without the key
+        tail_until_caught_up(rt)
+        assert_lake_is_source(maria, spark, rt, db, {"c": ("id",)})
+
+
+def test_mariadb_on_delete_set_default_is_refused_by_the_server(maria: SourceKit) -> None:
+    """MariaDB accepts SET DEFAULT in a table's definition, but InnoDB refuses the parent's
+    change (as RESTRICT): no child row changes, nothing to capture."""
+    import pymysql
+
+    db = new_schema(maria, "CREATE TABLE {db}.p (id INT PRIMARY KEY)",
+                    "CREATE TABLE {db}.c (id INT PRIMARY KEY, pid INT DEFAULT 0, FOREIGN KEY"
+                    " (pid) REFERENCES {db}.p (id) ON DELETE SET DEFAULT ON UPDATE SET DEFAULT)",
+                    "INSERT INTO {db}.p VALUES (0), (1)", "INSERT INTO {db}.c VALUES (1, 1)")
+    try:
+        for statement in ("DELETE FROM {db}.p WHERE id = 1", "UPDATE {db}.p SET id = 2"):
+            with pytest.raises(pymysql.err.IntegrityError, match="1451"):
+                run(maria, db, statement)
+        assert maria.rows(db, "c", ("id",)) == {(1,): {"id": 1, "pid": 1}}
+    finally:
+        maria.drop(db)
+
+
 def test_mariadb_add_column_not_null_without_default_fills_existing_rows(
     maria: SourceKit, spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -20,7 +20,7 @@ Row images are decoded with the columns of the TABLE_MAP event that precedes the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -56,6 +56,7 @@ from pipeline.sources.base import (
     Transaction,
     UnloggedChange,
 )
+from pipeline.sources.mysql.cascades import CascadeGraph, cascade_reason
 from pipeline.sources.mysql.connection import LogConnection, MySqlSettings, translate
 from pipeline.sources.mysql.dumpstream import (
     DumpStream,
@@ -173,8 +174,10 @@ def _decode(plan: _Plan, values: Mapping[str, Any], none_sources: Mapping[str, s
     return row
 
 
-def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
-    """Schema and converters from a TABLE_MAP event's own column metadata."""
+def plan_from_table_map(event: Any, table: TableId, watermark: bool, *,
+                        keyed: bool = True) -> _Plan:
+    """Schema and converters from a TABLE_MAP event's own column metadata (``keyed``: a
+    tracked table, which must have a primary key; a watched parent need not)."""
     where = f"binlog table map of {table}"
     columns: list[Column] = []
     decoders: list[tuple[str, Converter | None, bool]] = []
@@ -192,7 +195,7 @@ def plan_from_table_map(event: Any, table: TableId, watermark: bool) -> _Plan:
     meta = event.optional_metadata
     indexes = list(meta.simple_primary_key_list or []) or list(meta.primary_keys_with_prefix)
     key = tuple(event.columns[i].name for i in indexes)
-    if not key and not watermark:
+    if not key and not watermark and keyed:
         raise no_primary_key(table)
     schema = TableSchema(table, tuple(columns), key)
     image = compile_reader(event.columns, [conv for _, conv, _ in decoders])
@@ -292,14 +295,19 @@ class MySqlLogReader:
 
     def __init__(
         self, settings: MySqlSettings, start: Mapping[str, Any], tables: Iterable[TableId],
-        *, raw_events: bool = True,
+        *, raw_events: bool = True, cascades: Callable[[], CascadeGraph] | None = None,
     ) -> None:
         """``raw_events=False`` has mysql-replication parse every event (the reader is
-        then slower; tests compare both ways)."""
+        then slower; tests compare both ways). ``cascades`` reads the foreign keys whose
+        actions reach the tracked tables (:mod:`pipeline.sources.mysql.cascades`): the
+        reader watches their parents' row events, and reads the keys again after a DDL."""
         file, pos = native_position(start)
         self._settings = settings
         self._raw_events = raw_events
         self._tracked = frozenset(tables)
+        self._load_cascades = cascades
+        self._cascades = cascades() if cascades is not None else CascadeGraph()
+        self._cascades_stale = False
         self._watermark = TableId(settings.watermark_database, WATERMARK_TABLE)
         self._boundary: dict[str, Any] = {"file": file, "pos": pos}
         self._file = file
@@ -320,9 +328,11 @@ class MySqlLogReader:
         self._standalone = False
         self._buffer: list[tuple[Any, ...]] = []
         self._touched: dict[TableId, TableSchema] = {}
+        self._cascaded: set[TableId] = set()
+        """Tracked tables a cascade of this transaction reached (noted once each)."""
 
     def _open_stream(self) -> DumpStream:
-        tables = self._tracked | {self._watermark}
+        tables = self._tracked | self._cascades.parents | {self._watermark}
         kwargs = self._settings.pymysql_kwargs()
         return DumpStream(
             raw_events=self._raw_events,
@@ -403,6 +413,9 @@ class MySqlLogReader:
                 txn = self._handle(event)
                 if txn is not None:
                     out.append(txn)
+                if self._cascades_stale and not self._in_txn:
+                    if self._reload_cascades():
+                        break  # the stream is reopened at the boundary with the new tables
         except Exception as exc:  # translated below
             self._drop_stream()
             if out:  # deliver what is complete; the error recurs on the next call
@@ -414,6 +427,20 @@ class MySqlLogReader:
         self._closed = True
         self._drop_stream()
 
+    def _reload_cascades(self) -> bool:
+        """Read the foreign keys again (after a DDL, at a transaction boundary); True when
+        the watched parents changed: then the stream is dropped, to be opened again with
+        them at the boundary."""
+        self._cascades_stale = False
+        if self._load_cascades is None:
+            return False
+        graph = self._load_cascades()
+        moved = graph.parents != self._cascades.parents
+        self._cascades = graph
+        if moved:
+            self._drop_stream()
+            self._plans.clear()
+        return moved
     # -- event handling ---------------------------------------------------------------
 
     def _handle(self, event: Any) -> Transaction | None:
@@ -479,7 +506,7 @@ class MySqlLogReader:
     def _on_table_map(self, event: Any) -> None:
         table = TableId(event.schema, event.table)
         watermark = table == self._watermark
-        if not watermark and table not in self._tracked:
+        if not watermark and table not in self._tracked and table not in self._cascades.parents:
             self._plans[event.table_id] = None
             return
         cols = event.columns
@@ -495,7 +522,8 @@ class MySqlLogReader:
         )
         plan = self._plan_cache.get(signature)
         if plan is None:
-            plan = plan_from_table_map(event, table, watermark)
+            plan = plan_from_table_map(event, table, watermark,
+                                       keyed=table in self._tracked)
             if len(self._plan_cache) > 1000:
                 self._plan_cache.clear()
             self._plan_cache[signature] = plan
@@ -552,13 +580,25 @@ class MySqlLogReader:
         before_cols = _present(names, event.columns_present_bitmap)
         after_cols = _present(names, event.columns_present_bitmap2) if update else before_cols
         position_of = partial(Position.from_binlog, self._file_index, offset)
-        seq, changed, whole = 0, [], False
+        images = []
         for row in event.rows:
             if update:
-                before = _decode(plan, row["before_values"], row["before_none_sources"])
-                after = _decode(plan, row["after_values"], row["after_none_sources"])
+                images.append((_decode(plan, row["before_values"], row["before_none_sources"]),
+                               _decode(plan, row["after_values"], row["after_none_sources"])))
             else:
-                before = after = _decode(plan, row["values"], row["none_sources"])
+                image = _decode(plan, row["values"], row["none_sources"])
+                images.append((image, image))
+        if plan.table in self._cascades.by_parent:
+            kind = "u" if update else "d" if isinstance(event, DeleteRowsEvent) else "w"
+            # An image without a referenced column counts as changing it.
+            rows: Sequence[Any] = images
+            if not update:
+                rows = [b for b, _ in images]
+            self._note_cascades(plan, kind, offset, rows)
+        if plan.table not in self._tracked:
+            return
+        seq, changed, whole = 0, [], False
+        for before, after in images:
             if not set(key) <= before_cols:
                 whole = True
                 continue
@@ -578,6 +618,20 @@ class MySqlLogReader:
             reason = partial_image_reason(plan.table, f"{self._file}:{offset}")
             self._buffer.append(("x", plan.table, None if whole else tuple(changed), reason,
                                  position_of(seq)))
+
+    def _note_cascades(self, plan: _Plan, kind: str, offset: int, images: Sequence[Any]
+                       ) -> None:
+        """A parent's ROWS event: the tracked tables a foreign-key action of it reaches
+        are buffered as unlogged changes (once per transaction each)."""
+        reached = self._cascades.affected(plan.table, kind, images) - self._cascaded
+        if not reached:
+            return
+        self._cascaded |= reached
+        where = f"{self._file}:{offset}"
+        reason = cascade_reason(plan.table, reached, where)
+        for table in sorted(reached, key=str):
+            self._buffer.append(("x", table, None, reason,
+                                 Position.from_binlog(self._file_index, offset)))
 
     def _check_columns(self, plan: _Plan, columns: int) -> None:
         if columns != len(plan.columns):
@@ -599,6 +653,10 @@ class MySqlLogReader:
                     position = Position.from_binlog(lsn_index, offset, seq)
                     self._buffer.append(("w", str(value), position))
                     seq += 1
+            return
+        if plan.table in self._cascades.by_parent:
+            self._note_cascades(plan, kind, offset, images)
+        if plan.table not in self._tracked:
             return
         self._touched[plan.table] = plan.schema
         key_names = plan.schema.key
@@ -661,6 +719,9 @@ class MySqlLogReader:
                 self._buffer.append(("x", table, None, statement_dml_reason(where, query),
                                      position))
             return
+        if effect.tables or effect.databases:
+            self._cascades_stale = True  # read the foreign keys again after it
+            self._note_dropped_foreign_keys(effect.tables, query, offset)
         hits = [t for t in effect.tables if t in self._tracked]
         hits += sorted((t for t in self._tracked
                         if t.database in effect.databases and t not in hits), key=str)
@@ -669,6 +730,29 @@ class MySqlLogReader:
             resets = table in effect.resets or table.database in effect.databases
             self._buffer.append(("s", SchemaChange(table, query, position, resets,
                                                    table in effect.rewrites)))
+
+    def _note_dropped_foreign_keys(self, tables: Sequence[TableId], query: str,
+                                   offset: int) -> None:
+        """A DDL that may drop a cascading foreign key of ``tables``: the tracked tables
+        it reached are healed (a reader opened after the DDL read the rows before it with
+        the keys as they are now, without that one)."""
+        words = [w.upper() for w in query.split()]
+        drops = any(w == "DROP" and nxt in ("FOREIGN", "CONSTRAINT")
+                    for w, nxt in zip(words, words[1:], strict=False))
+        if not drops:
+            return
+        reached: set[TableId] = set()
+        for table in tables:
+            # The key may be gone from the graph already (read after the DDL): the table
+            # itself, if tracked, and what it reaches now.
+            reached |= {table} & self._tracked
+            reached |= self._cascades.reaches.get(table, frozenset())
+        if reached:
+            reason = (f"{query[:120]!r} at {self._file}:{offset} may have dropped a foreign "
+                      "key whose ON DELETE/ON UPDATE action changed rows before it")
+            for table in sorted(reached, key=str):
+                self._buffer.append(("x", table, None, reason,
+                                     Position.from_binlog(self._file_index, offset)))
 
     def _begin_group(self, gtid_flags: int) -> None:
         """A MariaDB GTID event: a new event group (transaction) starts."""

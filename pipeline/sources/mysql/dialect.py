@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import pymysql
@@ -19,6 +20,7 @@ from pipeline.sources.mysql.binlog import (
     binlog_lag_bytes,
     native_position,
 )
+from pipeline.sources.mysql.cascades import CascadeGraph, load_foreign_keys
 from pipeline.sources.mysql.checks import (
     VALIDATED_VARIABLES,
     ZERO_DATE_TYPES,
@@ -353,7 +355,14 @@ class MySqlDialect:
         for table in tables:
             if not isinstance(table, TableId):
                 raise ConfigError(f"expected a TableId, got {table!r}")
-        return KeyCheckedLogReader(self.settings, {"file": file, "pos": pos}, tables)
+        return KeyCheckedLogReader(self.settings, {"file": file, "pos": pos}, tables,
+                                   cascades=partial(self.cascade_graph, tuple(tables)))
+
+    def cascade_graph(self, tables: Sequence[TableId]) -> CascadeGraph:
+        """The foreign keys whose ON DELETE/ON UPDATE actions reach ``tables``."""
+        return self._run(lambda conn: CascadeGraph.build(load_foreign_keys(conn, tables),
+                                                         tables),
+                         "reading foreign keys")
 
     # -- chunks -----------------------------------------------------------------------
 
