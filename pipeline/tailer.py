@@ -494,10 +494,6 @@ class Tailer:
                              now=time.monotonic(), replay=replay)
         pending = _Pending(start=dict(committed.value.source_position))
         last_resume: Mapping[str, Any] = start
-        # --until-caught-up: everything in the log when the run started, and then the
-        # first time the reader finds nothing new.
-        head_at_start = (self.dialect.to_position(self.dialect.head_position())
-                         if until_caught_up else warm_until)
         quiet_since: tuple[Any, float] | None = None
 
         def caught_up(here: Mapping[str, Any] | None) -> bool:
@@ -523,6 +519,12 @@ class Tailer:
             read_transactions=self.options.read_transactions,
             poll_s=self.options.poll_seconds,
         )
+        # --until-caught-up: everything in the log when the run started (read once the log
+        # is open: opening it may log something, such as PostgreSQL's heal of a table whose
+        # partitions or storage changed meanwhile), and then the first time the reader
+        # finds nothing new.
+        head_at_start = (self.dialect.to_position(self.dialect.head_position())
+                         if until_caught_up else warm_until)
 
         def write(batch: _Pending) -> bool:
             """Write and commit a cut batch (the batch being built after it: ``pending``);

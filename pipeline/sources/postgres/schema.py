@@ -1,4 +1,9 @@
-"""Table definitions from PostgreSQL's catalog, in the engine's canonical form."""
+"""Table definitions from PostgreSQL's catalog, in the engine's canonical form.
+
+Generated columns (``GENERATED ALWAYS AS (...) STORED``) are left out: PostgreSQL 15's
+logical replication does not send them, so a lake column for them would hold the captured
+value until the row's next change and NULL after it. Readers compute them from the other
+columns as the database does."""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ SELECT c.oid, c.relreplident, a.attname, a.atttypid, a.atttypmod, a.attnotnull,
        COALESCE((SELECT k.ord FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
                  WHERE k.attnum = a.attnum), 0) AS key_at,
        CASE WHEN co.collname = 'default' THEN (SELECT datcollate FROM pg_database
-            WHERE datname = current_database()) ELSE co.collname END
+            WHERE datname = current_database()) ELSE co.collname END,
+       a.attgenerated, c.relpersistence
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -25,10 +31,18 @@ ORDER BY a.attnum
 """
 
 
+LEAVES_WITHOUT_FULL_IDENTITY_SQL = """
+SELECT n.nspname, c.relname FROM pg_partition_tree(%s::regclass) p
+JOIN pg_class c ON c.oid = p.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE p.isleaf AND p.level > 0 AND c.relreplident <> 'f' ORDER BY 1, 2
+"""
+
+
 def table_rows(conn: Any, table: TableId) -> list[tuple[Any, ...]]:
+    """The table's columns (generated ones left out, see the module docstring)."""
     with conn.cursor() as cur:
         cur.execute(COLUMNS_SQL, (table.database, table.table))
-        return list(cur.fetchall())
+        return [r for r in cur.fetchall() if not r[8]]
 
 
 def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = True
@@ -39,6 +53,11 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
     if not rows:
         raise SourceError(f"table {table} not found on the source (schema.table, names are "
                           "case-sensitive)")
+    if rows[0][9] != "p":
+        raise SourceError(
+            f"table {table} is {'UNLOGGED' if rows[0][9] == 'u' else 'TEMPORARY'}: its changes "
+            "are not written to the WAL, so logical replication never sees them; run ALTER "
+            f"TABLE {_quoted(table)} SET LOGGED")
     columns = tuple(
         Column(str(r[2]), canonical_type(int(r[3]), int(r[4])), not r[5],
                source_type_name(int(r[3]), int(r[4])))
@@ -54,7 +73,22 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
             f"table {table} does not have REPLICA IDENTITY FULL: dblog needs full before "
             "images and unchanged TOASTed values from the log; run ALTER TABLE "
             f"{_quoted(table)} REPLICA IDENTITY FULL")
+    if need_full_identity:
+        refuse_partitions_without_full_identity(conn, table, int(rows[0][0]))
     return TableSchema(table, columns, key)
+
+
+def refuse_partitions_without_full_identity(conn: Any, table: TableId, oid: int) -> None:
+    """A partitioned table's changes are logged with each partition's own replica
+    identity: every partition needs FULL too."""
+    with conn.cursor() as cur:
+        cur.execute(LEAVES_WITHOUT_FULL_IDENTITY_SQL, (oid,))
+        lacking = [TableId(str(s), str(t)) for s, t in cur.fetchall()]
+    if lacking:
+        fixes = "; ".join(f"ALTER TABLE {_quoted(t)} REPLICA IDENTITY FULL" for t in lacking)
+        raise SourceError(
+            f"partitions of {table} do not have REPLICA IDENTITY FULL (their changes are "
+            f"logged with their own): run {fixes}")
 
 
 def refuse_array_keys(table: TableId, columns: tuple[Column, ...], key: tuple[str, ...]

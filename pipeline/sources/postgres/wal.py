@@ -42,7 +42,14 @@ from pipeline.errors import (
     SourceUnavailable,
 )
 from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
-from pipeline.sources.base import Column, LogItem, SchemaChange, TableSchema, Transaction
+from pipeline.sources.base import (
+    Column,
+    LogItem,
+    SchemaChange,
+    TableSchema,
+    Transaction,
+    UnloggedChange,
+)
 from pipeline.sources.postgres import pgoutput as po
 from pipeline.sources.postgres.connection import (
     PostgresSettings,
@@ -455,8 +462,11 @@ class PostgresLogReader:
         if row.get("publication") != self._settings.publication_name or \
                 table not in self._tracked:
             return
-        self._known.pop(table, None)
         reason = str(row["reason"])
+        if row.get("kind") == "heal":  # its rows changed without logical changes
+            self._items.append(UnloggedChange(table, self._next(), reason))
+            return
+        self._known.pop(table, None)
         self._items.append(SchemaChange(table, reason, self._next(), resets_rows=True))
         self._items.append(SchemaChange(table, reason, self._next(), rewrites_rows=True))
 
@@ -485,7 +495,10 @@ def _describe(old: TableSchema, new: TableSchema) -> str:
 
 
 def _rewrites(old: TableSchema, new: TableSchema) -> bool:
-    """A type change or an added column (its default fills existing rows without row
-    events) may leave the mirror differing from the source until a capture."""
-    before = {c.name: c.source_type for c in old.columns}
-    return any(c.name not in before or before[c.name] != c.source_type for c in new.columns)
+    """Never from the relation message alone: a column added with a default that existing
+    rows take, and a type change that rewrites the table, move the table's shape, which the
+    publication check turns into a heal (:mod:`pipeline.sources.postgres.publication`); an
+    added nullable column without a default, or a type change that keeps the stored bytes
+    (``varchar(10)`` to ``varchar(20)``), leaves every value as it was."""
+    del old, new
+    return False
