@@ -263,6 +263,90 @@ def test_an_idle_tailer_lets_the_slot_release_wal(pg_env: Endpoints, spark: Any,
             rt.state.delete("", recursive=True)
 
 
+def _slot_confirmed(ep: Endpoints, slot: str) -> int:
+    conn = pg_connect(ep)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint"
+                        " FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_keepalive_inside_a_long_transaction_never_confirms_unwritten_changes(
+        pg_env: Endpoints) -> None:
+    """The slot is confirmed only where the tailer said (what the lake holds). A long
+    transaction T changed a captured table before the confirmed position, then many rows
+    of a table that is not captured; another transaction X2 committed after that position
+    and was read, not confirmed. T commits: while the server skips T's other rows, its
+    keepalives reach the reader between T's changes (a 2 s ``wal_sender_timeout`` asks for
+    one a second after the last reply). psycopg2 confirmed such a keepalive's position by
+    itself (its last message, T's change, started before the confirmed position): past X2,
+    which a restart would then never read again."""
+    import dataclasses
+
+    from pipeline.sources.postgres import PostgresDialect, PostgresSettings
+    from pipeline.sources.postgres.connection import default_slot
+
+    @dataclasses.dataclass(frozen=True)
+    class QuickKeepalives(PostgresSettings):
+        def options(self) -> str:
+            return super().options() + " -c wal_sender_timeout=2000"
+
+    name = f"pgka-{uuid.uuid4().hex[:6]}"
+    schema = f"ka_pg_{uuid.uuid4().hex[:6]}"
+    table = TableId(schema, "t")
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"',
+               f'CREATE TABLE "{schema}".t (id int PRIMARY KEY, v text)',
+               f'ALTER TABLE "{schema}".t REPLICA IDENTITY FULL',
+               f'CREATE TABLE "{schema}".other (id int, v text)')
+    dialect = PostgresDialect(QuickKeepalives(
+        name=name, host=pg_env.host, port=pg_env.pg_port, user=pg_env.user,
+        database=PG_DATABASE, password=pg_env.pg_password, tables=(table,),
+        status_interval_s=10.0))  # the reader's own reports come rarer than the requests
+    long_tx = pg_connect(pg_env, autocommit=False)
+    reader: Any = None
+
+    def read_until(wanted: int) -> Any:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for tx in reader.read(max_transactions=1, max_wait_s=0.5):
+                if len(tx.items) == wanted:
+                    return tx
+        raise AssertionError(f"no transaction of {wanted} changes was read")
+
+    try:
+        dialect.ensure_watermark_table()
+        with long_tx.cursor() as cur:  # T's changes lie before everything below
+            cur.execute(f"INSERT INTO \"{schema}\".t VALUES (1, 't')")
+            cur.execute(f'INSERT INTO "{schema}".other SELECT i, \'o\' FROM'
+                        " generate_series(1, 1000000) i")
+        # Opened after T's changes (a stream left unread for two seconds times out); T
+        # commits after the start, so it is read.
+        reader = dialect.open_log(dialect.head_position(), [table])
+        pg_execute(pg_env, f'INSERT INTO "{schema}".t VALUES (-1, \'x1\')')
+        x1 = read_until(1)
+        reader.confirm(x1.resume)  # the lake holds X1
+        pg_execute(pg_env, f'INSERT INTO "{schema}".t VALUES (-2, \'x2\')')
+        x2 = read_until(1)  # read, never confirmed
+        long_tx.commit()
+        read_until(1)
+        for _ in range(6):  # feedback goes out meanwhile (every status interval)
+            reader.read(max_transactions=1, max_wait_s=0.5)
+        confirmed = _slot_confirmed(pg_env, default_slot(name))
+        assert confirmed == x1.resume["lsn"], (
+            f"the slot was confirmed at {confirmed} (X2 ends at {x2.resume['lsn']}), "
+            f"though the reader was told {x1.resume['lsn']}")
+        assert reader.keepalives_in_transactions > 0  # the case this test is about
+    finally:
+        long_tx.close()
+        if reader is not None:
+            reader.close()
+        dialect.close()
+        drop_replication(pg_env, name)
+        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
 def test_ddl_and_truncate_while_the_tailer_is_behind(pg_env: Endpoints, spark: Any,
                                                      tmp_path: Path) -> None:
     """ADD / DROP / ALTER TYPE and TRUNCATE: events decode with the columns they were

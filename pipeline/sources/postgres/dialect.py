@@ -291,9 +291,9 @@ class PostgresDialect:
                 f"confirmed position {lsn_text(confirmed)} (the slot was recreated, or another "
                 "consumer advanced it): run `dblog tail --from-head`, then `dblog capture` to "
                 "re-snapshot")
-        # Of the same slot, a confirmed position past ``start`` is psycopg2 confirming
-        # keepalive positions once every change received was confirmed: the WAL in between
-        # holds no change of the publication, and the server resumes after it.
+        # Of the same slot, a confirmed position past ``start`` was left by a version before
+        # 2026-12-02, whose psycopg2 confirmed keepalive positions by itself; the server
+        # resumes after it. Now the slot is confirmed only where the tailer committed.
         # A table the tailer serves beyond the configuration it started with (`tail
         # --follow-config`) joins the publication now; its changes are published from here.
         self.sync_publication(tables)
