@@ -703,7 +703,7 @@ class Capturer:
             "capture_id": capture_id, "range_id": range_id,
             "after_key": key_to_json(after),
         })
-        self.dialect.write_watermark(window.low)
+        self.dialect.write_watermark(window.low, low=True)  # then the select sees the log
         crash_point("capture.after_lw")
         if bounds is None:
             spec = ChunkSpec(table, limit, after_key=after, upper_key=upper, keys=keys,

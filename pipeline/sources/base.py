@@ -167,8 +167,12 @@ class SourceDialect(Protocol):
 
     def ensure_watermark_table(self) -> None: ...
 
-    def write_watermark(self, value: str) -> None:
-        """Write ``value`` to the watermark table in its own committed transaction."""
+    def write_watermark(self, value: str, *, low: bool = False) -> None:
+        """Write ``value`` to the watermark table in its own committed transaction.
+
+        ``low``: a chunk window's low watermark. Returns only once a select started after it
+        sees every transaction the log holds before it (a source whose transactions can be
+        in the log before they are visible waits for them here)."""
         ...
 
     def table_schema(self, table: TableId) -> TableSchema:

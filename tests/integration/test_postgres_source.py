@@ -263,6 +263,228 @@ def test_an_idle_tailer_lets_the_slot_release_wal(pg_env: Endpoints, spark: Any,
             rt.state.delete("", recursive=True)
 
 
+def _slot_confirmed(ep: Endpoints, slot: str) -> int:
+    conn = pg_connect(ep)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint"
+                        " FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_keepalive_inside_a_long_transaction_never_confirms_unwritten_changes(
+        pg_env: Endpoints) -> None:
+    """The slot is confirmed only where the tailer said (what the lake holds). A long
+    transaction T changed a captured table before the confirmed position, then many rows
+    of a table that is not captured; another transaction X2 committed after that position
+    and was read, not confirmed. T commits: while the server skips T's other rows, its
+    keepalives reach the reader between T's changes (a 2 s ``wal_sender_timeout`` asks for
+    one a second after the last reply). psycopg2 confirmed such a keepalive's position by
+    itself (its last message, T's change, started before the confirmed position): past X2,
+    which a restart would then never read again."""
+    import dataclasses
+
+    from pipeline.sources.postgres import PostgresDialect, PostgresSettings
+    from pipeline.sources.postgres.connection import default_slot
+
+    @dataclasses.dataclass(frozen=True)
+    class QuickKeepalives(PostgresSettings):
+        def options(self) -> str:
+            return super().options() + " -c wal_sender_timeout=2000"
+
+    name = f"pgka-{uuid.uuid4().hex[:6]}"
+    schema = f"ka_pg_{uuid.uuid4().hex[:6]}"
+    table = TableId(schema, "t")
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"',
+               f'CREATE TABLE "{schema}".t (id int PRIMARY KEY, v text)',
+               f'ALTER TABLE "{schema}".t REPLICA IDENTITY FULL',
+               f'CREATE TABLE "{schema}".other (id int, v text)')
+    dialect = PostgresDialect(QuickKeepalives(
+        name=name, host=pg_env.host, port=pg_env.pg_port, user=pg_env.user,
+        database=PG_DATABASE, password=pg_env.pg_password, tables=(table,),
+        status_interval_s=10.0))  # the reader's own reports come rarer than the requests
+    long_tx = pg_connect(pg_env, autocommit=False)
+    reader: Any = None
+
+    def read_until(wanted: int) -> Any:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for tx in reader.read(max_transactions=1, max_wait_s=0.5):
+                if len(tx.items) == wanted:
+                    return tx
+        raise AssertionError(f"no transaction of {wanted} changes was read")
+
+    try:
+        dialect.ensure_watermark_table()
+        with long_tx.cursor() as cur:  # T's changes lie before everything below
+            cur.execute(f"INSERT INTO \"{schema}\".t VALUES (1, 't')")
+            cur.execute(f'INSERT INTO "{schema}".other SELECT i, \'o\' FROM'
+                        " generate_series(1, 1000000) i")
+        # Opened after T's changes (a stream left unread for two seconds times out); T
+        # commits after the start, so it is read.
+        reader = dialect.open_log(dialect.head_position(), [table])
+        pg_execute(pg_env, f'INSERT INTO "{schema}".t VALUES (-1, \'x1\')')
+        x1 = read_until(1)
+        reader.confirm(x1.resume)  # the lake holds X1
+        pg_execute(pg_env, f'INSERT INTO "{schema}".t VALUES (-2, \'x2\')')
+        x2 = read_until(1)  # read, never confirmed
+        long_tx.commit()
+        read_until(1)
+        for _ in range(6):  # feedback goes out meanwhile (every status interval)
+            reader.read(max_transactions=1, max_wait_s=0.5)
+        confirmed = _slot_confirmed(pg_env, default_slot(name))
+        assert confirmed == x1.resume["lsn"], (
+            f"the slot was confirmed at {confirmed} (X2 ends at {x2.resume['lsn']}), "
+            f"though the reader was told {x1.resume['lsn']}")
+        assert reader.keepalives_in_transactions > 0  # the case this test is about
+    finally:
+        long_tx.close()
+        if reader is not None:
+            reader.close()
+        dialect.close()
+        drop_replication(pg_env, name)
+        pg_execute(pg_env, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+def test_a_transaction_in_the_wal_but_not_visible_yet_is_not_overwritten_by_a_chunk(
+        pg_env: Endpoints, spark: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit record reaches the WAL (and the log reader) before the transaction becomes
+    visible: with a synchronous standby configured, a commit waits for it in between. Here
+    the standby (``ghost``) never answers, so an application transaction T that updates a
+    row and inserts one hangs there: decoded before the chunk's low watermark, invisible to
+    a select after it. The chunk must not overwrite T's update with the old value nor
+    delete T's insert. dblog's own sessions run with ``synchronous_commit = on`` (the
+    server's default here is off): its watermark writes must not hang on the standby."""
+    import threading
+
+    from pipeline.sources.postgres.connection import PostgresSettings
+    from tests.integration.helpers import wait_for
+
+    with_sync_commit = PostgresSettings.options
+    monkeypatch.setattr(PostgresSettings, "options",
+                        lambda self: with_sync_commit(self) + " -c synchronous_commit=on")
+    schema = f"vis_pg_{uuid.uuid4().hex[:6]}"
+    qual = f'"{schema}".t'
+    pg_execute(pg_env, f'CREATE SCHEMA "{schema}"',
+               f"CREATE TABLE {qual} (id int PRIMARY KEY, v text)",
+               f"ALTER TABLE {qual} REPLICA IDENTITY FULL",
+               f"INSERT INTO {qual} SELECT i, 'old' FROM generate_series(1, 10) i",
+               f'CREATE TABLE "{schema}".probe (n int)')
+    name = f"pgvis-{uuid.uuid4().hex[:6]}"
+    config = pg_config(pg_env, name=name, tables=[f"{schema}.t"], lake=tmp_path / "lake")
+    table = TableId(schema, "t")
+    admin = pg_connect(pg_env)
+    app = pg_connect(pg_env, autocommit=False)
+
+    def run(conn: Any, sql: str, *args: Any) -> list[Any]:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall()) if cur.description else []
+
+    def server_standby(names: str | None) -> None:
+        if names is None:
+            run(admin, "ALTER SYSTEM RESET synchronous_standby_names")
+        else:
+            run(admin, "ALTER SYSTEM SET synchronous_standby_names = %s", names)
+        run(admin, "SELECT pg_reload_conf()")
+
+    def waiting_for_the_standby(pid: int) -> bool:
+        return bool(run(admin, "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                               " AND wait_event = 'SyncRep'", pid))
+
+    def commit_waiting_for_the_standby(conn: Any, pid: int) -> threading.Thread | None:
+        """Commit ``conn`` (synchronous_commit on) in a thread; returns it once the commit
+        waits for the standby, or None if it committed (the setting not in force yet)."""
+        committing = threading.Thread(target=conn.commit, daemon=True)
+        committing.start()
+        deadline = time.monotonic() + 2
+        while committing.is_alive() and time.monotonic() < deadline:
+            if waiting_for_the_standby(pid):
+                return committing
+            time.sleep(0.02)
+        committing.join(30)
+        assert not committing.is_alive(), "a commit hung, not waiting for the standby"
+        return None
+
+    def require_the_standby() -> None:
+        """The ghost standby in force: reloaded until a probe's commit waits for it (the
+        checkpointer applies the setting a moment after the reload)."""
+        server_standby("ghost")
+        probe = pg_connect(pg_env, autocommit=False)
+        try:
+            pid = int(run(probe, "SELECT pg_backend_pid()")[0][0])
+            run(probe, "SET synchronous_commit = on")
+            for _ in range(50):
+                run(probe, f'INSERT INTO "{schema}".probe VALUES (1)')
+                waiting = commit_waiting_for_the_standby(probe, pid)
+                if waiting is not None:
+                    run(admin, "SELECT pg_cancel_backend(%s)", pid)  # committed locally
+                    waiting.join(30)
+                    return
+                run(admin, "SELECT pg_reload_conf()")
+            raise AssertionError("commits never waited for the ghost standby")
+        finally:
+            probe.close()
+
+    def chunk_selected_or_waiting(earlier: set[str]) -> bool:
+        """A new chunk was selected (its rows are held), or the capture polls for T."""
+        return bool(set(held_chunks()) - earlier) or bool(run(
+            admin, "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+                   " AND query LIKE '%%dblog: the chunk select waits%%'", f"dblog-{name}"))
+
+    app_pid = int(run(app, "SELECT pg_backend_pid()")[0][0])
+    app.commit()
+    try:
+        with dropped_after(pg_env, schema, name), open_runtime(config, spark=spark) as rt:
+
+            def held_chunks() -> list[str]:
+                from pipeline.handoff import chunk_path
+
+                return [w.value.window.window_id for w in rt.state.list_windows()
+                        if rt.state.get(chunk_path(w.value.window.window_id)) is not None]
+
+            with BackgroundTailer(rt.tailer()) as bg:
+                rt.wait_started(bg.check)
+                capturer = rt.capturer()
+                capturer.health_check = bg.check
+                # A first capture warms Spark up: the standby is required only for the
+                # seconds the second one needs to reach its select.
+                first = run_with_deadline(capturer, capturer.plan(CaptureRequest((table,))), 300)
+                assert [r.status for r in first] == ["done"]
+                earlier = {w.value.window.window_id for w in rt.state.list_windows()}
+                reports: list[Any] = []
+                capturing = threading.Thread(target=lambda: reports.extend(capturer.run(
+                    capturer.plan(CaptureRequest((table,))))), daemon=True)
+                try:
+                    require_the_standby()
+                    run(app, "SET synchronous_commit = on")
+                    run(app, f"UPDATE {qual} SET v = 'new' WHERE id = 5")
+                    run(app, f"INSERT INTO {qual} VALUES (11, 'new')")
+                    committing = commit_waiting_for_the_standby(app, app_pid)
+                    assert committing is not None, "T did not wait for the standby"
+                    capturing.start()
+                    wait_for("the chunk's select, or its wait for T",
+                             lambda: chunk_selected_or_waiting(earlier), timeout=60, poll=0.05)
+                    run(admin, "SELECT pg_cancel_backend(%s)", app_pid)  # T commits locally
+                    committing.join(30)
+                    assert not committing.is_alive()
+                finally:
+                    server_standby(None)  # at once: the services are shared
+                capturing.join(240)
+                assert [r.status for r in reports] == ["done"]
+                rt.wait_caught_up(bg.check)
+            assert pg_rows(pg_env, qual, ("id",))[(5,)]["v"] == "new"
+            report = verify_table(rt.dialect, rt.sink, table)
+            assert report.ok, report.summary() + _lake_account(spark, rt, table)
+            rt.state.delete("", recursive=True)
+    finally:
+        server_standby(None)
+        app.close()
+        admin.close()
+
+
 def test_ddl_and_truncate_while_the_tailer_is_behind(pg_env: Endpoints, spark: Any,
                                                      tmp_path: Path) -> None:
     """ADD / DROP / ALTER TYPE and TRUNCATE: events decode with the columns they were

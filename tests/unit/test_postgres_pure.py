@@ -1,4 +1,5 @@
-"""PostgreSQL source pure logic: pgoutput messages, type mapping and conversion, literals."""
+"""PostgreSQL source pure logic: pgoutput and replication protocol messages, type mapping
+and conversion, literals."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError, SourceError
 from pipeline.sources.postgres import pgoutput as po
+from pipeline.sources.postgres import replication as rp
 from pipeline.sources.postgres.sqltext import literal, quote_ident
 from pipeline.sources.postgres.types import (
     NUMERIC,
@@ -60,6 +62,30 @@ def test_messages_parse() -> None:
     assert po.parse(b"Y" + b"rest") == po.Other("Y")
     with pytest.raises(po.ProtocolError):
         po.parse(b"I" + struct.pack(">I", 42) + b"N" + struct.pack(">h", 1) + b"t\x00\x00")
+
+
+def test_replication_messages_frame_pgoutput_and_carry_explicit_positions() -> None:
+    """XLogData carries a pgoutput message after its 25-byte header; a keepalive its WAL
+    end and whether the server wants a reply; the status update reports one position as
+    written, flushed and applied, with the clock in PostgreSQL's epoch."""
+    data = b"w" + struct.pack(">QQq", 90, 90, 1) + b"B" + struct.pack(">QqI", 100, 5, 7)
+    assert data[0] == rp.XLOG_DATA
+    assert po.parse(data, rp.XLOG_DATA_HEADER) == po.Begin(100, 5, 7)
+    with pytest.raises(po.ProtocolError):
+        po.parse(data[:rp.XLOG_DATA_HEADER], rp.XLOG_DATA_HEADER)
+    keepalive = b"k" + struct.pack(">Qq", 2**40 + 8, 123) + b"\x01"
+    assert keepalive[0] != rp.XLOG_DATA
+    assert rp.parse_keepalive(keepalive) == rp.Keepalive(2**40 + 8, True)
+    assert rp.parse_keepalive(keepalive[:-1] + b"\x00") == rp.Keepalive(2**40 + 8, False)
+    with pytest.raises(po.ProtocolError):
+        rp.parse_keepalive(keepalive[:-1])
+    with pytest.raises(po.ProtocolError):
+        rp.parse_keepalive(data)
+    now_us = po.PG_EPOCH_US + 5_000_000
+    status = rp.standby_status(confirmed=2**33 + 1, now_us=now_us)
+    assert status == b"r" + struct.pack(">QQQqB", 2**33 + 1, 2**33 + 1, 2**33 + 1,
+                                        5_000_000, 0)
+    assert rp.standby_status(confirmed=0, now_us=now_us, reply=True)[-1] == 1
 
 
 @given(st.integers(min_value=0, max_value=2**63 - 1))

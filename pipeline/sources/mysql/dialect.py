@@ -186,8 +186,12 @@ class MySqlDialect:
 
         self._run(create, "creating the watermark table")
 
-    def write_watermark(self, value: str) -> None:
-        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction."""
+    def write_watermark(self, value: str, *, low: bool = False) -> None:
+        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction.
+
+        ``low`` changes nothing: the server commits transactions in the binary log's order
+        (``binlog_order_commits``, which :meth:`validate` requires), so one before the low
+        watermark is visible once the low watermark's commit returns."""
         if not isinstance(value, str) or not value or len(value) > WATERMARK_LENGTH:
             raise ConfigError(f"watermark value must be 1-36 characters, got {value!r}")
         sql = (

@@ -78,7 +78,8 @@ def translate(exc: BaseException, settings: PostgresSettings, doing: str = "") -
     prefix = f"{doing}: " if doing else ""
     detail = (str(getattr(exc, "pgerror", None) or exc) or type(exc).__name__).strip()
     detail = detail.splitlines()[0] if detail else type(exc).__name__
-    code = getattr(exc, "pgcode", None)
+    # psycopg2's errors carry ``pgcode``, a replication stream's (libpq.StreamError) ``sqlstate``
+    code = getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
     if code == "28P01" or "password authentication failed" in detail:
         return SourceError(f"{prefix}access denied for user {settings.user!r} at "
                            f"{settings.address}: check the user name and password")

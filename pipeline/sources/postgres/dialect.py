@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -30,6 +32,37 @@ from pipeline.sources.postgres.types import SESSION_SETTINGS, spark_orders_like_
 from pipeline.sources.postgres.wal import WATERMARK_TABLE, PostgresLogReader, native_lsn
 
 SLOT_GENERATIONS = "slot_generation"
+log = logging.getLogger(__name__)
+
+VISIBILITY_WAIT_S = 120.0
+"""How long a low watermark waits for transactions the WAL holds before it to become visible
+(a synchronous standby that does not answer holds them back) before the capture stops."""
+_LOCAL_COMMITS = (
+    "SELECT set_config('synchronous_commit', 'local', false)"
+    " WHERE current_setting('synchronous_commit') NOT IN ('off', 'local')"
+)
+"""The control connection's commits (watermarks, table resets) wait for the local WAL flush
+only, never for a synchronous standby: the log reader decodes the primary's WAL once it is
+flushed there, standby or not."""
+_SEES_WAITS = (
+    "SELECT current_setting('synchronous_standby_names') <> '',"
+    " (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    " OR pg_has_role('pg_read_all_stats', 'USAGE')"
+)
+_WAITING_FOR_STANDBY = (
+    "SELECT coalesce(array_agg(backend_xid::text), '{}') FROM pg_stat_activity"
+    " WHERE wait_event = 'SyncRep' AND backend_xid IS NOT NULL"
+)
+"""The transactions whose commits wait for a synchronous standby: in the WAL (the log
+reader may have decoded them) but not visible to other sessions yet."""
+_STILL_RUNNING = (
+    "/* dblog: the chunk select waits for transactions in the WAL to become visible */"
+    " SELECT coalesce(array_agg(backend_xid::text), '{}') FROM pg_stat_activity"
+    " WHERE backend_xid = ANY(%s::xid[])"
+)
+"""Which of those a backend still runs: a transaction's backend clears its xid when the
+transaction becomes visible (ProcArrayEndTransaction), and from then on every snapshot taken
+sees it."""
 
 T = TypeVar("T")
 WATERMARK_LENGTH = 36
@@ -72,6 +105,8 @@ class PostgresDialect:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = connect(self.settings)
+                    with self._conn.cursor() as cur:
+                        cur.execute(_LOCAL_COMMITS)
                 return work(self._conn)
             except (psycopg2.Error, OSError) as exc:
                 if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
@@ -102,14 +137,16 @@ class PostgresDialect:
 
     def validate(self) -> None:
         """Refuse (SourceError naming the setting and the fix) unless the server can be
-        captured: ``wal_level=logical``, free replication slots, and a role with the
-        REPLICATION attribute."""
+        captured: ``wal_level=logical``, free replication slots, a role with the
+        REPLICATION attribute, and, with synchronous standbys, one that sees other sessions'
+        wait events (:meth:`write_watermark`)."""
         rows = self._query(
             "SELECT current_setting('wal_level'), current_setting('max_replication_slots'),"
             " current_setting('server_version_num')::int,"
             " (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)",
             doing="validate")
         wal_level, slots, version, replication = rows[0]
+        standbys, sees_waits = self._query(_SEES_WAITS, doing="validate")[0]
         problems = []
         if wal_level != "logical":
             problems.append(f"wal_level is {wal_level!r}: set wal_level = logical in "
@@ -121,6 +158,8 @@ class PostgresDialect:
         if not replication:
             problems.append(f"role {self.settings.user!r} lacks the REPLICATION attribute: "
                             f"ALTER ROLE {quote_ident(self.settings.user)} REPLICATION")
+        if standbys and not sees_waits:
+            problems.append(self._blind_to_standby_waits())
         if problems:
             raise SourceError(f"source {self.name!r} ({self.settings.address}) cannot be "
                               "captured: " + "; ".join(problems))
@@ -220,21 +259,78 @@ class PostgresDialect:
                 f"decodes database {database!r} with {plugin!r}, not {self.settings.database!r}"
                 " with pgoutput: drop it or configure another source.slot")
 
-    def write_watermark(self, value: str) -> None:
-        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction."""
+    def write_watermark(self, value: str, *, low: bool = False) -> None:
+        """Write ``value`` to the watermark row: one UPDATE, its own committed transaction.
+
+        ``low``: then wait until the transactions whose commits wait for a synchronous
+        standby are visible (:meth:`_wait_until_visible`)."""
         if not isinstance(value, str) or not value or len(value) > WATERMARK_LENGTH:
             raise ConfigError(f"watermark value must be 1-36 characters, got {value!r}")
         sql = (f"UPDATE {quote_table(self.watermark_table)}"  # noqa: S608 - quoted identifier
                " SET value = %s, written_at = now() WHERE id = 1")
 
-        def write(conn: Any) -> int:
+        def write(conn: Any) -> tuple[int, list[str]]:
             with conn.cursor() as cur:
                 cur.execute(sql, (value,))
-                return int(cur.rowcount)
+                written = int(cur.rowcount)
+                if not low or written != 1:
+                    return written, []
+                cur.execute(_SEES_WAITS)
+                standbys, sees = cur.fetchone()
+                if standbys and not sees:
+                    raise SourceError(self._blind_to_standby_waits())
+                cur.execute(_WAITING_FOR_STANDBY)
+                return written, [str(x) for x in cur.fetchone()[0]]
 
-        if self._run(write, "writing a watermark") != 1:
+        written, waiting = self._run(write, "writing a watermark")
+        if written != 1:
             raise SourceError(
                 f"watermark row missing in {self.watermark_table}: run ensure_watermark_table")
+        if waiting:
+            self._wait_until_visible(waiting)
+
+    def _blind_to_standby_waits(self) -> str:
+        return (f"synchronous_standby_names is set on {self.settings.address}: a commit "
+                "waiting for a synchronous standby is in the WAL before it is visible, and "
+                "dblog must see which sessions wait (pg_stat_activity.wait_event) so that no "
+                "chunk overwrites such a transaction: GRANT pg_read_all_stats TO "
+                f"{quote_ident(self.settings.user)}")
+
+    def _wait_until_visible(self, xids: list[str]) -> None:
+        """Wait until no backend runs any of ``xids`` any more: transactions that waited for
+        a synchronous standby right after a low watermark committed, so possibly in the
+        WAL before it (decoded, outside the window) yet invisible to the chunk's select.
+
+        PostgreSQL writes a commit record (and, with ``synchronous_commit`` on, flushes it,
+        which is all the log reader waits for) and marks it in ``pg_xact`` before it waits
+        for a synchronous standby, and the transaction becomes visible only after that wait
+        (``ProcArrayEndTransaction``). A select taken meanwhile reads the older row, and the
+        chunk, emitted at the high watermark, would overwrite the newer value the log gave.
+        The set is fixed at the low watermark, so this ends under any load: once the
+        standby answers for them, or their waits are cancelled (they then commit locally).
+        ``pg_xact_status()`` cannot tell them apart from running transactions: it reports
+        "in progress" while the proc array still holds them."""
+        began = time.monotonic()
+        pause, warned = 0.002, began
+        while xids:
+            waited = time.monotonic() - began
+            if waited >= VISIBILITY_WAIT_S:
+                raise SourceError(
+                    f"transactions {', '.join(xids)} on {self.settings.address} committed in "
+                    "the WAL but stayed invisible for "
+                    f"{VISIBILITY_WAIT_S:.0f} s, waiting for a synchronous standby "
+                    "(synchronous_standby_names): a chunk selected now could overwrite their "
+                    "changes; the capture stops (resume it once the standby answers)")
+            if time.monotonic() - warned >= 10:
+                warned = time.monotonic()
+                log.warning("a chunk select waits %.0f s for transactions %s, committed in "
+                            "the WAL but not visible yet: their commits wait for a "
+                            "synchronous standby", waited, ", ".join(xids))
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            rows = self._query(_STILL_RUNNING, (xids,),
+                               "waiting for transactions in the WAL to become visible")
+            xids = [str(x) for x in rows[0][0]]
 
     # -- metadata and positions --------------------------------------------------------
 
@@ -291,9 +387,9 @@ class PostgresDialect:
                 f"confirmed position {lsn_text(confirmed)} (the slot was recreated, or another "
                 "consumer advanced it): run `dblog tail --from-head`, then `dblog capture` to "
                 "re-snapshot")
-        # Of the same slot, a confirmed position past ``start`` is psycopg2 confirming
-        # keepalive positions once every change received was confirmed: the WAL in between
-        # holds no change of the publication, and the server resumes after it.
+        # Of the same slot, a confirmed position past ``start`` was left by a version before
+        # 2026-12-02, whose psycopg2 confirmed keepalive positions by itself; the server
+        # resumes after it. Now the slot is confirmed only where the tailer committed.
         # A table the tailer serves beyond the configuration it started with (`tail
         # --follow-config`) joins the publication now; its changes are published from here.
         self.sync_publication(tables)

@@ -116,9 +116,9 @@ class ProtocolError(ValueError):
 class _Reader:
     __slots__ = ("data", "at")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, start: int) -> None:
         self.data = data
-        self.at = 0
+        self.at = start
 
     def byte(self) -> str:
         if self.at >= len(self.data):
@@ -163,11 +163,11 @@ class _Reader:
         return tuple(values)
 
 
-def parse(data: bytes) -> Message:
-    """One pgoutput message."""
-    if not data:
+def parse(data: bytes, start: int = 0) -> Message:
+    """One pgoutput message (the one at ``start`` of ``data``, up to its end)."""
+    if len(data) <= start:
         raise ProtocolError("empty message")
-    r = _Reader(data)
+    r = _Reader(data, start)
     kind = r.byte()
     if kind == "B":
         return Begin(r.fixed(_U64), r.fixed(_I64), r.fixed(_U32))

@@ -16,10 +16,15 @@ previous commit's end and its own (the next commit record may start exactly wher
 previous one ends, hence the + 1).
 
 The slot keeps the WAL from the position last confirmed (:meth:`PostgresLogReader.confirm`,
-called by the tailer with what it has committed and no open window still needs). While the
-database is idle the reader's resume follows the server's keepalives, so an idle tailer
-commits, and then confirms, positions past WAL written elsewhere (the slot never holds WAL
-forever).
+called by the tailer with what it has committed and no open window still needs): every
+status update the server gets carries exactly that position (:mod:`.libpq`: psycopg2's own
+keepalive handling would confirm past it). While the captured tables are idle the reader's
+resume follows the server's keepalives, so an idle tailer commits, and then confirms,
+positions past WAL written elsewhere (the slot never holds WAL forever). A keepalive moves
+the resume only between transactions: its position is the end of the last record the
+walsender decoded, so every transaction of the publication that committed before it has
+been received, and a transaction still open there commits after it and is sent again from
+there.
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ from pipeline.sources.base import (
     UnloggedChange,
 )
 from pipeline.sources.postgres import pgoutput as po
+from pipeline.sources.postgres import replication as rp
 from pipeline.sources.postgres.connection import (
     PostgresSettings,
     connect,
     connect_replication,
     translate,
 )
+from pipeline.sources.postgres.libpq import CopyBoth
 from pipeline.sources.postgres.publication import RESETS_TABLE
 from pipeline.sources.postgres.schema import refuse_array_keys
 from pipeline.sources.postgres.types import (
@@ -130,11 +137,14 @@ class PostgresLogReader:
         self._slot_generation = start.get("slot")
         self._conn: Any = None
         self._cur: Any = None
+        self._stream: CopyBoth | None = None
         self._catalog: Any = None
         self._plans: dict[int, _Plan | None] = {}
         self._known: dict[TableId, TableSchema] = {}
         self._confirm = 0
         self._sent_confirm = 0
+        self._reported_at = 0.0
+        self._keepalives_in_transactions = 0
         self._closed = False
         self._streamed = False  # a stream was established once: a loss is worth retrying
         self._lost_at: float | None = None
@@ -152,8 +162,13 @@ class PostgresLogReader:
 
     def confirm(self, native: Mapping[str, Any]) -> None:
         """The WAL before ``native`` will never be read again: the slot may release it
-        (sent to the server by the next :meth:`read`)."""
+        (sent to the server by the next :meth:`read`, the only position it is ever told)."""
         self._confirm = max(self._confirm, native_lsn(native))
+
+    @property
+    def keepalives_in_transactions(self) -> int:
+        """Keepalives that arrived between a transaction's changes (they move nothing)."""
+        return self._keepalives_in_transactions
 
     def _reset_transaction(self) -> None:
         self._in_txn = False
@@ -175,8 +190,9 @@ class PostgresLogReader:
                 slot_name=s.slot_name, slot_type=psycopg2.extras.REPLICATION_LOGICAL,
                 start_lsn=self._boundary, decode=False,
                 options={"proto_version": "1", "publication_names": s.publication_name},
-                status_interval=s.status_interval_s,
             )
+            self._stream = CopyBoth(self._conn)
+            self._sent_confirm = 0  # a new walsender: tell it again
             self._streamed = True
         except psycopg2.errors.ObjectInUse as exc:
             self._drop()
@@ -199,7 +215,7 @@ class PostgresLogReader:
                     thing.close()
                 except Exception:  # closing a broken connection
                     pass
-        self._conn = self._cur = None
+        self._conn = self._cur = self._stream = None
         self._reset_transaction()
 
     def close(self) -> None:
@@ -225,28 +241,31 @@ class PostgresLogReader:
             return out
         deadline = time.monotonic() + max(0.0, max_wait_s)
         try:
-            if self._cur is None:
+            if self._stream is None:
                 self._open()
-            cur = self._cur
+            stream = self._stream
+            assert stream is not None
+            interval = self._settings.status_interval_s
             while len(out) < max_transactions:
-                if self._check_relations is not None and time.monotonic() >= self._next_check:
+                now = time.monotonic()
+                if self._check_relations is not None and now >= self._next_check:
                     self._check_relations()  # a reset it writes arrives later in the log
                     self._next_check = time.monotonic() + RELATION_CHECK_S
-                if self._confirm > self._sent_confirm:
-                    cur.send_feedback(flush_lsn=self._confirm)
-                    self._sent_confirm = self._confirm
-                msg = cur.read_message()
-                if msg is None:
-                    if not self._in_txn and cur.wal_end > self._boundary:
-                        self._boundary = int(cur.wal_end)  # keepalive: decoded this far
+                if self._confirm > self._sent_confirm or now - self._reported_at >= interval:
+                    self._report(stream)
+                message = stream.receive()
+                if message is None:
                     left = deadline - time.monotonic()
                     if out or left <= 0:
                         break
-                    select.select([cur], [], [], min(left, 0.2))
+                    select.select([self._conn], [], [], min(left, 0.2))
                     continue
-                txn = self._handle(po.parse(msg.payload))
-                if txn is not None:
-                    out.append(txn)
+                if message[0] == rp.XLOG_DATA:
+                    txn = self._handle(po.parse(message, rp.XLOG_DATA_HEADER))
+                    if txn is not None:
+                        out.append(txn)
+                else:
+                    self._on_keepalive(rp.parse_keepalive(message), stream)
         except (SourceUnavailable, SlotInUse) as exc:  # reconnecting (the walsender of
             # the lost stream may still be exiting and hold the slot)
             if self._reconnecting(exc, out, deadline):
@@ -264,6 +283,25 @@ class PostgresLogReader:
             raise error from exc
         self._lost_at = None
         return out
+
+    def _report(self, stream: CopyBoth) -> None:
+        """A status update carrying the confirmed position (and nothing the reader decided
+        by itself)."""
+        confirmed = self._confirm
+        stream.send(rp.standby_status(confirmed=confirmed, now_us=time.time_ns() // 1000))
+        self._sent_confirm = confirmed
+        self._reported_at = time.monotonic()
+
+    def _on_keepalive(self, keepalive: rp.Keepalive, stream: CopyBoth) -> None:
+        """Between transactions the resume moves to the keepalive's position: every
+        transaction of the publication that committed before it was received (and one
+        open there commits after it). Inside one, nothing moves."""
+        if self._in_txn:
+            self._keepalives_in_transactions += 1
+        elif keepalive.wal_end > self._boundary:
+            self._boundary = keepalive.wal_end
+        if keepalive.reply_requested:
+            self._report(stream)
 
     def _reconnecting(self, error: DblogError, out: list[Transaction], deadline: float
                       ) -> bool:
