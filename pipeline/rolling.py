@@ -74,6 +74,16 @@ class RangeWalk(Protocol):
         ...
 
 
+def every_range(walk: RangeWalk) -> dict[str, KeyRange]:
+    """Every range of one pass of ``walk``, by name, in key order."""
+    step: Step | None = walk.first()
+    out: dict[str, KeyRange] = {}
+    while step is not None:
+        out[step.name] = step.key_range
+        step = walk.after(step)
+    return out
+
+
 class FixedWalk:
     """The ranges given (name -> key range, in key order)."""
 

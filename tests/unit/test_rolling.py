@@ -22,6 +22,7 @@ from pipeline.rolling import (
     PlannedWalk,
     RangeWalk,
     Step,
+    every_range,
     place_path,
 )
 
@@ -68,6 +69,7 @@ def test_a_planned_walk_covers_every_key_once_in_ranges_of_range_rows(
     # The ranges are the ones the Dagster planner would plan (same names and bounds).
     names = plan_more([], index_of(keys), range_rows, most=10**6)
     assert {s.name: s.key_range for s in steps} == key_ranges(names, names)
+    assert every_range(PlannedWalk(index_of(keys), range_rows)) == key_ranges(names, names)
 
 
 def test_a_planned_walk_follows_the_table_as_it_changes() -> None:
