@@ -258,6 +258,9 @@ def _repair(args: argparse.Namespace) -> int:
 
     began = time.monotonic()
     with open_runtime(config) as rt, BackgroundTailer(rt.tailer()) as bg:
+        # Every comparison waits for the tailer to pass the database's snapshot: wait for
+        # it once here, so a range's seconds are its own.
+        rt.wait_caught_up(bg.check, timeout=600)
         if args.all:
             for table in tables:
                 report = repair_table(rt, table, capture_all=True, stop=stop,
