@@ -18,8 +18,8 @@ Prints seconds and rows/s of each and the ratios; writes ``bench/results/repair.
 (``repair.max_rows_per_s``, ``repair.range_rows``) while a few rows are changed behind the
 pipeline's back (``sql_log_bin = 0``), twice: in the range the walk has just compared (the
 worst case: found a whole pass later) and in the range half a pass ahead. Prints the seconds
-from the change to the walk's "differs" line (detected) and to its "repaired" row (captured
-and compared equal again: healed), and each against the pass time N / rate; writes
+from the change to the walk's "differs" line (detected) and to its "repaired" row (captured,
+and merged into the mirror: healed), and each against the pass time N / rate; writes
 ``bench/results/repair-heal.json``.
 
     .venv/bin/python -m bench.bench_repair [--rows 1000000] [--range-rows 100000] [--smoke]

@@ -222,7 +222,7 @@ _ROW = "{:<28} {:<26} {:>12} {:>12}  {:<10} {:>8}"
 def _repair(args: argparse.Namespace) -> int:
     """One paced pass over the tables (or a continuous walk): compare range by range,
     capture the ranges that still differ. 0: all equal or repaired; 1: a dry run found
-    differences; 2: an error, or a range its capture left differing."""
+    differences; 2: an error, or a capture that did not finish."""
     from pipeline.background import BackgroundTailer
     from pipeline.repair import Repairer, repair_table
     from pipeline.runtime import open_runtime
@@ -288,8 +288,8 @@ def _repair(args: argparse.Namespace) -> int:
           f"repaired, {seen['unrepaired']} unrepaired in {time.monotonic() - began:.1f}s",
           flush=True)
     if seen["unrepaired"]:
-        print("dblog: error: a capture left ranges differing (see above); run the repair "
-              "again", file=sys.stderr)
+        print("dblog: error: the captures of some differing ranges did not finish (see "
+              "above); run the repair again", file=sys.stderr)
         return 2
     return 1 if args.dry_run and seen["differing"] else 0
 

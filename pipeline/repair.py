@@ -4,8 +4,9 @@ One key range at a time, a table's mirror is compared with its source (row count
 checksum on both sides at a known log position, :mod:`pipeline.compare`); a range that
 differs is compared again (a change between the two sides' reads makes a range differ once),
 and one that still differs is captured (a DBLog capture of that range, never a blind
-overwrite: it also deletes mirror rows the source no longer has) and compared once more.
-Whatever made it diverge, a divergence is found within a pass and healed by that capture.
+overwrite: it also deletes mirror rows the source no longer has), and is healed once the
+mirror has merged that capture. Whatever made it diverge, a divergence is found within a
+pass and healed by that capture.
 
 The rows checksummed are paced at ``repair.max_rows_per_s`` (:class:`~pipeline.rolling.Pacer`),
 so a pass over N rows takes about N / rate seconds: that bounds the time to detection. One
@@ -50,8 +51,8 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["equal", "differing", "repaired", "unrepaired"]
 """``differing``: still differed when compared again (and was not captured: a dry run);
-``repaired``: captured, and equal when compared after; ``unrepaired``: captured, but its
-capture did not finish or the range still differed after it."""
+``repaired``: captured, and the mirror has merged the capture; ``unrepaired``: its capture
+did not finish."""
 
 OUTAGE_PATIENCE_S = 300.0
 """How long a continuous walk rides out a source or ZooKeeper outage before it stops."""
@@ -71,8 +72,6 @@ class RangeResult:
     second: RangeComparison | None = None
     """The comparison again, when the first differed."""
     capture: RangeReport | None = None
-    after: RangeComparison | None = None
-    """The comparison after the capture."""
 
     @property
     def name(self) -> str:
@@ -167,11 +166,12 @@ class Repairer:
         return found
 
     def check(self, table: TableId, step: Step) -> RangeResult:
-        """Compare one range (again when it differs) and capture it if it still differs."""
+        """Compare one range (again when it differs) and capture it if it still differs
+        (then wait for the mirror to merge the capture)."""
         began = time.monotonic()
         first = self._compare(table, step)
         rows = first.source_rows
-        second = capture = after = None
+        second = capture = None
         outcome: Outcome = "equal"
         if not first.equal:
             second = self._compare(table, step)
@@ -188,15 +188,12 @@ class Repairer:
                                      health_check=self.health_check).get(step.name)
             outcome = "unrepaired"
             if capture is not None and capture.status == "done":
-                after = self._compare(table, step)
-                rows += after.source_rows
-                if not after.equal:  # a change between the two sides' reads, or still off
-                    after = self._compare(table, step)
-                    rows += after.source_rows
-                if after.equal:
-                    outcome = "repaired"
+                # Healed once the mirror holds the capture: wait for its merge. (Compared
+                # again, a range that writers change keeps differing by their changes.)
+                self.rt.wait_caught_up(self.health_check or (lambda: None), timeout=600)
+                outcome = "repaired"
         result = RangeResult(table, step, first, outcome, rows, time.monotonic() - began,
-                             second, capture, after)
+                             second, capture)
         if self.on_result is not None:
             self.on_result(result)
         return result
