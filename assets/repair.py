@@ -1,5 +1,6 @@
-"""Repair dumps: a job and a schedule per table that compare mirror and source per key range
-and capture only the ranges that differ (``pipeline.repair``)."""
+"""Repair dumps: a job and a schedule per table that run one pass of the rolling
+verification (``pipeline.repair``) over the ``full_state`` partitions' ranges: compared one
+at a time, paced by ``repair.max_rows_per_s``, and only the ranges that differ captured."""
 
 import threading
 from collections.abc import Iterator
@@ -74,7 +75,7 @@ def repair_job(source_name: str, table: TableConfig) -> JobDefinition:
             yield AssetMaterialization(asset_key=names.full_state, partition=name,
                                        metadata={**range_metadata(report.captures[name]),
                                                  "repair": True})
-        unfinished = [n for n, r in report.captures.items() if r.status != "done"]
+        unfinished = report.unrepaired
         metadata: dict[str, Any] = {
             "ranges_checked": report.ranges_checked,
             "ranges_differing_first": len(report.suspects),
@@ -89,7 +90,8 @@ def repair_job(source_name: str, table: TableConfig) -> JobDefinition:
                          f"{len(report.differing)} differing, {len(report.repaired)} "
                          f"repaired in {report.seconds:.1f}s")
         if unfinished:
-            raise Failure(description=f"repair captures did not finish: {unfinished}",
+            raise Failure(description=f"repair captures did not finish, or left ranges "
+                                      f"differing: {unfinished}",
                           metadata=metadata)
         yield Output(None, metadata=metadata)
 

@@ -1,5 +1,5 @@
 """The ``dblog`` command: services, tail, capture, pause/resume/cancel, status, verify,
-maintain."""
+repair, maintain."""
 
 from __future__ import annotations
 
@@ -216,6 +216,84 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if not bad else 1
 
 
+_ROW = "{:<28} {:<26} {:>12} {:>12}  {:<10} {:>8}"
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """One paced pass over the tables (or a continuous walk): compare range by range,
+    capture the ranges that still differ. 0: all equal or repaired; 1: a dry run found
+    differences; 2: an error, or a capture that did not finish."""
+    from pipeline.background import BackgroundTailer
+    from pipeline.repair import Repairer, repair_table
+    from pipeline.runtime import open_runtime
+
+    if args.all and (args.dry_run or args.continuous):
+        raise DblogError("--all captures every range without comparing: not with "
+                         "--dry-run or --continuous")
+    config = _config(args)
+    tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
+    stop = _stop_on_signals()
+    seen: dict[str, int] = {"ranges": 0, "rows": 0, "differing": 0, "repaired": 0,
+                            "unrepaired": 0}
+
+    def row(r: Any) -> None:
+        seen["ranges"] += 1
+        seen["rows"] += r.first.source_rows
+        if r.outcome != "equal":
+            seen["differing"] += 1
+        if r.outcome in ("repaired", "unrepaired"):
+            seen[r.outcome] += 1
+        print(_ROW.format(str(r.table), r.name, r.first.source_rows, r.first.mirror_rows,
+                          r.outcome, f"{r.seconds:.1f}"), flush=True)
+
+    def differs(table: Any, step: Any, c: Any) -> None:
+        doing = "" if args.dry_run else "; capturing it"
+        print(f"  {table} {step.name}: differs (source {c.source_rows} rows, mirror "
+              f"{c.mirror_rows} rows){doing}", flush=True)
+
+    def passed(table: Any, summary: Any) -> None:
+        print(f"pass {summary['pass']} of {table}: {summary['ranges']} ranges, "
+              f"{summary['rows']} source rows, {summary['differing']} differing, "
+              f"{summary['repaired']} repaired in {summary['seconds']:.1f}s", flush=True)
+
+    began = time.monotonic()
+    with open_runtime(config) as rt, BackgroundTailer(rt.tailer()) as bg:
+        # Every comparison waits for the tailer to pass the database's snapshot: wait for
+        # it once here, so a range's seconds are its own.
+        rt.wait_caught_up(bg.check, timeout=600)
+        if args.all:
+            for table in tables:
+                report = repair_table(rt, table, capture_all=True, stop=stop,
+                                      health_check=bg.check)
+                for name, c in report.captures.items():
+                    print(f"{table} {name}: {c.status}, {c.rows_emitted} rows emitted, "
+                          f"{c.rows_deleted} deleted", flush=True)
+                seen["repaired"] += len(report.repaired)
+                seen["unrepaired"] += len(report.unrepaired)
+        else:
+            repairer = Repairer(rt, dry_run=args.dry_run, stop=stop, health_check=bg.check,
+                                on_differs=differs, on_result=row)
+            print(_ROW.format("TABLE", "RANGE", "SOURCE ROWS", "MIRROR ROWS", "RESULT",
+                              "SECONDS"), flush=True)
+            if args.continuous:
+                repairer.continuously(tables, on_pass=passed)
+            else:
+                for table in tables:
+                    if not stop.is_set():
+                        repairer.one_pass(table)
+    dry = " (dry run)" if args.dry_run else ""
+    stopped = " (stopped)" if stop.is_set() else ""
+    print(f"repair{dry}{stopped}: {seen['ranges']} ranges of {len(tables)} table(s), "
+          f"{seen['rows']} source rows, {seen['differing']} differing, {seen['repaired']} "
+          f"repaired, {seen['unrepaired']} unrepaired in {time.monotonic() - began:.1f}s",
+          flush=True)
+    if seen["unrepaired"]:
+        print("dblog: error: the captures of some differing ranges did not finish (see "
+              "above); run the repair again", file=sys.stderr)
+        return 2
+    return 1 if args.dry_run and seen["differing"] else 0
+
+
 def _maintain(args: argparse.Namespace) -> int:
     import socket
 
@@ -293,6 +371,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compare the current state (the mirror with the changelog rows "
                           "it has not merged yet applied) instead of the mirror")
     ver.set_defaults(func=_verify)
+
+    rep = sub.add_parser("repair", help="compare mirror and source range by range, paced "
+                         "(repair.max_rows_per_s), and capture the ranges that differ")
+    rep.add_argument("tables", nargs="*", metavar="TABLE", help="DATABASE.TABLE (default: all)")
+    rep.add_argument("--dry-run", action="store_true",
+                     help="compare and report only (exit 1 when a range differs)")
+    rep.add_argument("--all", action="store_true",
+                     help="capture every range without comparing")
+    rep.add_argument("--continuous", action="store_true",
+                     help="walk the tables for ever, one range at a time, from the place "
+                          "kept in ZooKeeper (SIGINT/SIGTERM stop it at a range boundary)")
+    rep.set_defaults(func=_repair)
 
     mnt = sub.add_parser("maintain", help="compact the changelog and mirror files (takes the "
                          "tailer lock: a running tailer does it itself)")

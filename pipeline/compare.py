@@ -3,8 +3,8 @@
 The database computes each range's row count and checksum in one snapshot
 (``SourceDialect.range_checksums``) and reports that snapshot's log position; once the tailer
 has committed past it, Spark computes the same figures over the mirror. Changes committed
-between the snapshot and the mirror's read make a range differ spuriously, so differing
-ranges are compared once more before anyone acts on them.
+between the snapshot and the mirror's read make a range differ spuriously, so the rolling
+verification (:mod:`pipeline.repair`) compares a differing range once more before it acts.
 
 Ranges need Spark to order the key like the database does (integer, date and binary keys;
 text keys only under binary collations): otherwise a table is compared as one range.
@@ -136,21 +136,14 @@ def mirror_checksums(rt: Runtime, schema: TableSchema, ranges: Sequence[KeyRange
     index: Column = F.lit(None).cast("int")
     for i in reversed(range(len(ranges))):
         index = F.when(in_range(keys, ranges[i]), F.lit(i)).otherwise(index)
+    if len(ranges) == 1:  # the files' key statistics skip the files outside the range
+        mirror = mirror.where(in_range(keys, ranges[0]))
     rows = (mirror.select(index.alias("_range"), row_hash(mirror, schema).alias("_hash"))
             .where(F.col("_range").isNotNull())
             .groupBy("_range").agg(F.count(F.lit(1)).alias("n"), F.sum("_hash").alias("s"))
             .collect())
     found = {int(r["_range"]): (int(r["n"]), int(r["s"] or 0)) for r in rows}
     return [found.get(i, (0, 0)) for i in range(len(ranges))]
-
-
-def comparable_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange]
-                      ) -> dict[str, KeyRange]:
-    """``ranges``, or the whole table as one range when Spark cannot order its key like
-    the database (per-range figures would then count rows in the wrong ranges)."""
-    if rt.dialect.spark_orders_keys_like_source(table):
-        return dict(ranges)
-    return {WHOLE_TABLE: KeyRange(None, None)}
 
 
 def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], *,
@@ -190,15 +183,3 @@ def compare_ranges(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], 
     source = outcome["source"]
     return [RangeComparison(n, r, s[0], s[1], m[0], m[1])
             for n, r, s, m in zip(names, wanted, source, mirror, strict=True)]
-
-
-def compare_twice(rt: Runtime, table: TableId, ranges: Mapping[str, KeyRange], *,
-                  check: Callable[[], None] | None = None
-                  ) -> tuple[list[RangeComparison], list[RangeComparison]]:
-    """Compare every range, then the differing ones again (a change committed between the
-    two sides' reads makes a range differ once); returns both rounds' comparisons."""
-    first = compare_ranges(rt, table, ranges, check=check)
-    suspects = {c.name: c.key_range for c in first if not c.equal}
-    if not suspects:
-        return first, []
-    return first, [c for c in compare_ranges(rt, table, suspects, check=check) if not c.equal]

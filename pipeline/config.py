@@ -126,6 +126,19 @@ class CaptureConfig:
 
 
 @dataclass(frozen=True)
+class RepairConfig:
+    """The rolling verification (``pipeline.repair``): one key range at a time, paced."""
+
+    max_rows_per_s: float = 10_000.0
+    """Source rows checksummed a second, at most (every comparison of a range counts): a
+    pass over a table of N rows takes about N / this many seconds, which bounds the time
+    until any divergence is found (1M rows: 100 s)."""
+    range_rows: int = 100_000
+    """Rows per compared range, where no ranges are given (the Dagster job and check use
+    the ``full_state`` partitions'): the unit compared, and captured when it differs."""
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """Everything ``dblog`` and the Dagster definitions need."""
 
@@ -159,6 +172,7 @@ class PipelineConfig:
         return user, password
     tail: TailConfig = field(default_factory=TailConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
+    repair: RepairConfig = field(default_factory=RepairConfig)
     spark_master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     """Extra Spark settings from ``spark.conf`` (never credentials)."""
@@ -250,6 +264,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         zookeeper_auth_env=zk.auth_env,
         tail=tail,
         capture=capture,
+        repair=RepairConfig(**doc.repair.model_dump(exclude_none=True)),
         spark_master=doc.spark.master,
         spark_conf={key: str(value).lower() if isinstance(value, bool) else _expand(str(value))
                     for key, value in doc.spark.conf.items()},

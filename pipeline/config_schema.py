@@ -207,6 +207,15 @@ class CaptureSection(_Section):
     max_rows_per_s: PositiveFloat | None = None
 
 
+class RepairSection(_Section):
+    """``repair``: the rolling verification (``dblog repair``, the Dagster repair job and
+    check); each setting left out (or null) keeps :class:`~pipeline.config.RepairConfig`'s
+    default. Its pace has no "off": a verification that runs forever must be paced."""
+
+    max_rows_per_s: PositiveFloat | None = None
+    range_rows: Positive | None = None
+
+
 _SECRET_CONF = ("secret", "password", "access.key", "session.token", "sas.token",
                 "credential")
 
@@ -265,6 +274,8 @@ class ConfigDocument(_Section):
         default_factory=CaptureSection)
     spark: Annotated[SparkSection, BeforeValidator(_empty_when_null)] = Field(
         default_factory=SparkSection)
+    repair: Annotated[RepairSection, BeforeValidator(_empty_when_null)] = Field(
+        default_factory=RepairSection)
 
     @model_validator(mode="after")
     def _tables_once(self) -> ConfigDocument:

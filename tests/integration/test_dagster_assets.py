@@ -165,6 +165,17 @@ def _backfill_ranges_while_the_tailer_job_runs(
             # A lost mirror row: the repair job finds its range and captures only it.
             DeltaTable.forPath(spark, rt.layout.mirror(TableId(db, "accounts"))).delete(
                 F.col("id") == 300)
+            # The check runs the rolling verification's dry run: it fails on that range.
+            mirror_check = define_asset_job("mirror_check", selection=(
+                AssetSelection.checks_for_assets(names["accounts"].mirror)))
+            checked = Definitions(
+                assets=defs.assets, asset_checks=defs.asset_checks, jobs=[mirror_check],
+                resources=defs.resources).resolve_job_def("mirror_check").execute_in_process(
+                    instance=instance, raise_on_error=False)
+            (failed,) = [e.asset_check_evaluation_data for e in checked.all_events
+                         if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+            assert failed.check_name == "mirror_matches_source" and not failed.passed
+            assert failed.metadata["ranges_differing"].value == 1, failed.metadata
             repair = defs.get_job_def(f"repair_{'__'.join(names['accounts'].prefix)}")
             repaired = repair.execute_in_process(instance=instance, resources=defs.resources)
             assert repaired.success

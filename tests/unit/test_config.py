@@ -37,6 +37,11 @@ def test_good_config(tmp_path: Path) -> None:
     capturing = parse_config({**GOOD, "tail": {"mirror_every_s_capturing": 0}}).tail
     assert capturing.mirror_every_s_capturing == 0
     assert config.lake == str((tmp_path / "lake").resolve())
+    # The rolling verification's pace and range size (README's YAML block).
+    assert (config.repair.max_rows_per_s, config.repair.range_rows) == (10_000.0, 100_000)
+    paced = parse_config({**GOOD, "repair": {"max_rows_per_s": 250, "range_rows": 5000}})
+    assert (paced.repair.max_rows_per_s, paced.repair.range_rows) == (250.0, 5000)
+    assert parse_config({**GOOD, "repair": None}).repair == config.repair
 
 
 @pytest.mark.parametrize(("uri", "root"), [
@@ -79,8 +84,16 @@ def test_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
         ({"tables": ["no_dot"]}, r"tables\[0\].*DATABASE.TABLE"),
         ({"tables": ["a.b", "a.b"]}, "listed twice"),
         ({"bogus": 1},
-         r"config: unknown keys: bogus \(known: capture, lake, source, spark, tables, tail, "
-         r"zookeeper\)"),
+         r"config: unknown keys: bogus \(known: capture, lake, repair, source, spark, tables, "
+         r"tail, zookeeper\)"),
+        ({"repair": {"max_rows_per_s": 0}}, "repair.max_rows_per_s must be a positive number"),
+        ({"repair": {"max_rows_per_s": "fast"}}, "repair.max_rows_per_s must be a number"),
+        ({"repair": {"max_rows_per_s": True}}, "repair.max_rows_per_s must be a number"),
+        ({"repair": {"range_rows": 0}}, "repair.range_rows must be a positive number, got 0"),
+        ({"repair": {"range_rows": 2.5}}, "repair.range_rows must be a whole number, got 2.5"),
+        ({"repair": {"rate": 10}},
+         r"repair: unknown keys: rate \(known: max_rows_per_s, range_rows\)"),
+        ({"repair": "slow"}, "repair must be a mapping"),
         ({"capture": {"chunk_size": 0}}, "capture.chunk_size must be a positive number"),
         ({"capture": {"chunk_size": "many"}},
          "capture.chunk_size must be a whole number, got 'many'"),
