@@ -255,7 +255,16 @@ class _Survey:
     spans: list[Row]  # per chunk (window): its rows' ``window``, ``low``, ``high``, ``rows``
 
 
-def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False) -> _Survey:
+def _spanned(value: SparkColumn, dtype: T.DataType | None) -> SparkColumn:
+    """A first-key value as the survey hands it to Python: a TIMESTAMP as epoch
+    microseconds. Spark hands Python a TIMESTAMP as the host's local time, and in the hour a
+    host's clock falls back two instants share one local time: a bound built from it again
+    (:func:`_literal`) moved by an hour, and a MERGE pruned by it missed the key's row."""
+    return F.unix_micros(value) if isinstance(dtype, T.TimestampType) else value
+
+
+def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False,
+            dtype: T.DataType | None = None) -> _Survey:
     """Count ``changes`` and bound their first key column and positions in one pass; only
     when chunk rows are among them, a second pass bounds each chunk's rows.
 
@@ -265,38 +274,40 @@ def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False) ->
     rollup by 0.1-0.5 s on 200k changes, a grouping folded in Python by ~1 s in a tail's
     last MERGE."""
     if chunks_expected:
-        return _survey_by_chunk(changes, first)
+        return _survey_by_chunk(changes, first, dtype)
     summary = changes.agg(
-        *_change_figures(first), F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
+        *_change_figures(first, dtype),
+        F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
     ).first()
     if summary is None or not summary["rows"]:
         return _Survey(0, None, None, None, None, [])
     spans = [] if not summary["chunk_rows"] else (
         changes.where(_is_chunk_row()).groupBy(F.col(WINDOW_COLUMN).alias("window")).agg(
-            F.min(F.col("after").getField(first)).alias("low"),
-            F.max(F.col("after").getField(first)).alias("high"),
+            F.min(_spanned(F.col("after").getField(first), dtype)).alias("low"),
+            F.max(_spanned(F.col("after").getField(first), dtype)).alias("high"),
             F.count(F.lit(1)).alias("rows"),
         ).collect())
     return _Survey(int(summary["rows"]), summary["low"], summary["high"], int(summary["top"]),
                    summary["truncated"], spans)
 
 
-def _survey_by_chunk(changes: DataFrame, first: str) -> _Survey:
+def _survey_by_chunk(changes: DataFrame, first: str, dtype: T.DataType | None = None
+                     ) -> _Survey:
     """:func:`_survey` in one pass: the changes grouped by chunk (every log change in one
     group), the groups folded by :func:`fold_survey_groups`."""
     return fold_survey_groups(changes.groupBy(
         F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window"),
-    ).agg(*_change_figures(first)).collect())
+    ).agg(*_change_figures(first, dtype)).collect())
 
 
-def _change_figures(first: str) -> list[SparkColumn]:
+def _change_figures(first: str, dtype: T.DataType | None = None) -> list[SparkColumn]:
     """The survey's aggregates of changes: ``rows``, the least and greatest value of the
     first key column (``low``, ``high``; a delete's from ``before``), the greatest position
     (``top``) and the last TRUNCATE's position (``truncated``)."""
     return [
         F.count(F.lit(1)).alias("rows"),
-        F.min(change_key(first)).alias("low"),
-        F.max(change_key(first)).alias("high"),
+        F.min(_spanned(change_key(first), dtype)).alias("low"),
+        F.max(_spanned(change_key(first), dtype)).alias("high"),
         F.max("_dblog_lsn").alias("top"),
         F.max(F.when(F.col("op") == TRUNCATE_OP,
                      F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
@@ -408,11 +419,28 @@ def mirror_schema(columns: Sequence[Column]) -> T.StructType:
 
 
 def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
-    """A key value as a typed Spark literal (naive datetimes never go through local time)."""
+    """A key value as a typed Spark literal; no value goes through the host's local time.
+
+    TIMESTAMP_NTZ: from its text. TIMESTAMP: from epoch microseconds, given as such (a
+    survey's bound, :func:`_spanned`) or from a time-zone-aware datetime (the engine's
+    canonical form); a naive one would be read as local time, and is refused."""
     value = coerce(value, dtype)
     if isinstance(dtype, T.TimestampNTZType) and isinstance(value, datetime):
         return F.lit(value.isoformat(sep=" ")).cast(dtype)
+    if isinstance(dtype, T.TimestampType) and value is not None:
+        return F.timestamp_micros(F.lit(epoch_micros(value)))
     return F.lit(value).cast(dtype)
+
+
+def epoch_micros(value: Any) -> int:
+    """A TIMESTAMP value (epoch microseconds, or an aware datetime) as epoch microseconds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    raise ValueError(f"a TIMESTAMP bound needs an aware datetime or epoch microseconds, "
+                     f"got {value!r}")
 
 
 def _between(column: SparkColumn, low: Any, high: Any, dtype: T.DataType) -> SparkColumn:
@@ -1168,7 +1196,9 @@ class DeltaSink:
             self._emissions_unsurveyed.discard(table)
         changes = self._unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
-        survey = _survey(changes, first, chunks_expected=chunks_expected)
+        dtype = spark_type(next(c.spark_type for c in self.known_columns(table)
+                                if c.name == first))
+        survey = _survey(changes, first, chunks_expected=chunks_expected, dtype=dtype)
         rows = survey.rows
         if rows == 0:
             if through_lsn is not None:

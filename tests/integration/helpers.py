@@ -83,12 +83,14 @@ def wait_for_a_held_chunk(rt: Any, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def run_dblog(config: Path, *args: str, password: str, fault: str | None = None
-              ) -> tuple[int, str]:
+def run_dblog(config: Path, *args: str, password: str, fault: str | None = None,
+              env_extra: dict[str, str] | None = None) -> tuple[int, str]:
     """``dblog -c config args`` in a subprocess; (exit code, stdout). A crash point
-    (``fault``, see pipeline/faults.py) ends it with -9; any other failure fails the test."""
+    (``fault``, see pipeline/faults.py) ends it with -9; any other failure fails the test.
+    ``env_extra``: more environment for the process (a time zone, say)."""
     # The password of whichever source the config names (its ``password_env``).
-    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password, "DBLOG_PG_PASSWORD": password}
+    env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password, "DBLOG_PG_PASSWORD": password,
+           **(env_extra or {})}
     env.pop("DBLOG_FAULT", None)
     if fault:
         env["DBLOG_FAULT"] = fault

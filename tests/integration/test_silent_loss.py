@@ -495,42 +495,46 @@ def test_a_capture_removes_mirror_rows_gone_from_the_source(
         assert sorted(r["id"] for r in deletes) == [50, 1001, 2002]
 
 
-def test_ddl_that_may_rewrite_rows_advises_a_repair_until_a_capture(
-    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+def test_timestamp_keys_in_the_fall_back_hour_of_a_host_time_zone_merge_once(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADD COLUMN ... DEFAULT gives every existing row a value without row events: the
-    mirror is wrong for them until a capture; status must say so."""
-    from rich.console import Console
-
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import CaptureRequest
-    from pipeline.status import render_status
-
+    """The sink bounds a MERGE by the span of the first key column its changes hold. For a
+    TIMESTAMP key that span came back from Spark as the host's local time, and went to the
+    next literal through local time again: in the hour a host's clock falls back, two
+    instants share one local time, and the bound moved by an hour. A tailer on a host in
+    America/New_York then merged an update of a key at 06:30 UTC on 2026-11-01 (01:30
+    local, the second time) as a new row: the mirror held the key twice."""
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    db = sample_table(services, rows=10)
-    config = config_for(tmp_path, services, db, 7908)
-    table = TableId(db, "t")
+    db = make_db(services, prefix="loss", ddl=[
+        "CREATE TABLE {db}.t (id TIMESTAMP(6) NOT NULL PRIMARY KEY, v INT)"])
+    raw = config_dict(source=f"loss-{uuid.uuid4().hex[:8]}", ep=services,
+                      tables=[f"{db}.t"], lake=tmp_path / "lake", server_id=7917,
+                      chunk_size=50, batch_seconds=0.3, poll_seconds=0.2)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    new_york = {"TZ": "America/New_York"}
 
-    def status_text(rt: Any) -> str:
-        console = Console(width=200, record=True)
-        render_status(rt, console)
-        return console.export_text()
+    def tail() -> None:
+        run_dblog(path, "tail", "--until-caught-up", password=services.mariadb_password,
+                  env_extra=new_york)
 
-    with open_runtime(config, spark=spark) as rt:
-        rt.tailer().run(until_caught_up=True)
-        execute(services, db, "INSERT INTO t VALUES (11, 11)",
-                "ALTER TABLE t ADD COLUMN w INT NOT NULL DEFAULT 7")
-        rt.tailer().run(until_caught_up=True)
-        assert "repair advised" in status_text(rt)
-        with BackgroundTailer(rt.tailer()) as bg:
-            capturer = rt.capturer()
-            capturer.health_check = bg.check
-            assert [r.status for r in capturer.run(capturer.plan(
-                CaptureRequest((table,))))] == ["done"]
-        assert "repair advised" not in status_text(rt)
+    utc = ["SET time_zone = '+00:00'"]
+    tail()  # the position starts here
+    execute(services, db, *utc, "INSERT INTO t VALUES ('2026-11-01 05:30:00', 1),"
+            " ('2026-11-01 06:30:00', 1)")
+    tail()
+    execute(services, db, *utc, "UPDATE t SET v = 2 WHERE id = '2026-11-01 06:30:00'")
+    tail()
+    with open_runtime(load_config(path), spark=spark) as rt:
+        table = TableId(db, "t")
+        mirror = spark.read.format("delta").load(rt.layout.mirror(table))
+        found = sorted((r["micros"], r["v"]) for r in mirror.selectExpr(
+            "unix_micros(id) AS micros", "v").collect())
+        at = 1_793_511_000_000_000  # 2026-11-01 05:30:00 UTC
+        assert found == [(at, 1), (at + 3_600_000_000, 2)]
         report = verify_table(rt.dialect, rt.sink, table)
         assert report.ok, report.summary()
+        rt.state.delete("", recursive=True)
 
 
 def test_zookeeper_failing_after_a_session_interruption_is_leadership_lost(

@@ -157,3 +157,22 @@ def test_survey_groups_fold_to_the_bounds_of_every_change(
 
 def test_an_empty_survey_has_no_bounds() -> None:
     assert fold_survey_groups([]).rows == 0
+
+
+def test_timestamp_bounds_never_go_through_local_time() -> None:
+    """A TIMESTAMP literal is built from epoch microseconds: from an aware datetime exactly,
+    in any zone; a naive one (a host's local time) is refused."""
+    import datetime as dt
+
+    import pytest
+
+    from pipeline.lake.sink import epoch_micros
+
+    second = dt.datetime(2026, 11, 1, 6, 30, tzinfo=dt.UTC)  # 01:30 in New York, twice
+    assert epoch_micros(second) == 1_793_514_600_000_000
+    east = dt.timezone(dt.timedelta(hours=-5))
+    assert epoch_micros(second.astimezone(east)) == epoch_micros(second)
+    assert epoch_micros(dt.datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=dt.UTC)) == -1
+    assert epoch_micros(123) == 123
+    with pytest.raises(ValueError, match="aware"):
+        epoch_micros(dt.datetime(2026, 11, 1, 1, 30))
