@@ -13,6 +13,7 @@ in the table's log; the statistics in them are Delta's own as well.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -203,9 +204,21 @@ class DeltaTxn:
         actions = _python_list(self.spark, self._txn.writeFiles(df._jdf))
         return [str(a.json()) for a in actions]
 
-    def commit(self, actions_json: Sequence[str], user_metadata: Mapping[str, Any]) -> int:
+    def app_version(self, app_id: str) -> int:
+        """The last version application ``app_id`` recorded in the table (Delta's
+        ``txnVersion``; -1: none), read as part of this transaction: a commit that records
+        one for the same application meanwhile makes :meth:`commit` fail."""
+        return int(self._txn.txnVersion(app_id))
+
+    def commit(self, actions_json: Sequence[str], user_metadata: Mapping[str, Any], *,
+               app: tuple[str, int] | None = None) -> int:
         """Commit the actions as one append (``WRITE``) with ``user_metadata`` in its commit
-        info; returns the new version."""
+        info; returns the new version. ``app``: record ``(app_id, version)`` with it (a
+        ``txn`` action, as an idempotent write does)."""
+        if app is not None:
+            txn = {"txn": {"appId": app[0], "version": int(app[1]),
+                           "lastUpdated": int(time.time() * 1000)}}
+            actions_json = [*actions_json, json.dumps(txn)]
         jvm = _jvm(self.spark)
         none = jvm.scala.Option.empty()
         text = json.dumps(dict(user_metadata), sort_keys=True, default=str)

@@ -1211,7 +1211,7 @@ class DeltaSink:
         if truncated is None and survey.spans:
             began = time.monotonic()
             appended = self._append_new_chunk_rows(table, changes, survey.spans, metadata,
-                                                   mark, rows)
+                                                   mark, rows, (app_id or self.app_id, batch))
             if appended.windows:
                 log.info("mirror of %s: %d rows of %d chunks appended in %.2fs; %d changes "
                          "left to merge", table, appended.rows, len(appended.windows),
@@ -1238,8 +1238,8 @@ class DeltaSink:
         return rows
 
     def _append_new_chunk_rows(self, table: TableId, changes: DataFrame, spans: list[Row],
-                               metadata: Mapping[str, Any], mark: int, rows: int
-                               ) -> _Appended:
+                               metadata: Mapping[str, Any], mark: int, rows: int,
+                               app: tuple[str, int]) -> _Appended:
         """Append the ``r`` rows of this merge's chunks whose keys the mirror lacks, in one
         commit, instead of merging them; the rest of ``changes`` is left to merge. That
         commit carries the merge's mark when it holds all ``rows``. ``spans``: each chunk's
@@ -1263,7 +1263,12 @@ class DeltaSink:
         have (older ones lose to a chunk row, newer ones win, a delete removes it). The
         mirror is read at the append's own snapshot and inside its transaction: a writer
         that adds a row in such a span meanwhile (a tailer that lost its lock, merging
-        late) makes the commit fail, and then every change is merged."""
+        late) makes the commit fail, and then every change is merged. The append is also
+        fenced like the MERGE (``app``: the line of batches and this merge's batch): it
+        reads the line's recorded version, skips when another writer merged this far, and
+        fails when one records a version meanwhile. A tailer that lost its lock could
+        otherwise land a late append after the new leader merged deletes of the same keys
+        (a MERGE of deletes of keys the mirror lacks changes no file in the span)."""
         nothing = _Appended(set(), 0, changes)
         key = self.key_columns(table)
         first = key[0]
@@ -1274,6 +1279,8 @@ class DeltaSink:
         target = F.col(quote_ident(first))
         path = self.layout.mirror(table)
         txn = DeltaTxn(self._mirror_spark, path)
+        if txn.app_version(app[0]) >= app[1]:
+            return nothing  # merged this far by another writer: the MERGE is skipped too
         taken: dict[str, tuple[Any, Any]] = {}  # window -> span of the first key column
         crowded: list[tuple[Any, Any]] = []  # the spans of those that hold mirror files
         taken_count, crowded_rows = 0, 0
@@ -1306,9 +1313,14 @@ class DeltaSink:
         appended = action_rows(actions)
         if not appended:
             return nothing  # every row is merged: no empty commit
-        meta = {**metadata, MIRROR_LSN: mark} if appended == rows else dict(metadata)
+        whole = appended == rows
+        meta = {**metadata, MIRROR_LSN: mark} if whole else dict(metadata)
         try:
-            txn.commit(actions, meta)
+            # Fenced as the MERGE is: a commit of another writer of this line of batches
+            # (the tailer that took over, merging deletes of these keys) since this
+            # transaction read the line's version makes it fail; a whole merge records the
+            # batch, as the MERGE's own markers would.
+            txn.commit(actions, meta, app=app if whole else None)
         except Exception as exc:
             if "Concurrent" not in type(exc).__name__ + str(exc):
                 raise

@@ -1516,6 +1516,46 @@ def test_a_writer_in_a_new_chunks_span_meanwhile_makes_it_merged_instead(
         (1, "r1"), (2, "late"), (3, "r3")]  # the late row's position equals the chunk's
 
 
+def test_a_fenced_tailers_late_append_cannot_bring_back_keys_the_new_leader_deleted(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tailer that lost its lock is about to append a chunk's rows to the mirror (its
+    span holds nothing); the tailer that took over merges the same chunk and the later
+    deletes of all its keys (nothing to append, a MERGE that changes no file). Then the
+    late append commits: without a fence it brought the deleted keys back for good."""
+    from pipeline.lake import deltalog
+
+    app = "dblog:src:gen"
+    old, new = make_sink(spark, tmp_path), make_sink(spark, tmp_path)
+    old.ensure_schema(SCHEMA)
+    mirror = old.layout.mirror(TABLE)
+    old.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100)]), 1, {}, merge_mirror=False)
+    old.merge_mirror(TABLE, 1, {}, app_id=app, through_lsn=100)  # the mirror holds a file
+    emit(spark, old, 2, [(_emission(TABLE, "w1", 500, set()), named([10, 11, 12]))],
+         merge_mirror=False)
+    old.write_table_batch(TableBatch(TABLE, [ev(Op.DELETE, k, 600, i) for i, k in enumerate(
+        (10, 11, 12))]), 3, {}, merge_mirror=False)
+    late = threading.Thread(target=old.merge_mirror, args=(TABLE, 2, {}),
+                            kwargs={"app_id": app, "through_lsn": 500}, daemon=True)
+    held, release = threading.Event(), threading.Event()
+    commit = deltalog.DeltaTxn.commit
+
+    def held_commit(txn: Any, *args: Any, **kwargs: Any) -> int:
+        if threading.current_thread() is late and txn.path == mirror:
+            held.set()
+            release.wait(120)
+        return commit(txn, *args, **kwargs)
+
+    monkeypatch.setattr(deltalog.DeltaTxn, "commit", held_commit)
+    late.start()  # the fenced tailer, frozen just before its append commits
+    assert held.wait(120)
+    new.merge_mirror(TABLE, 3, {}, app_id=app, through_lsn=600)  # the new leader
+    release.set()
+    late.join(120)
+    monkeypatch.undo()
+    assert sorted(r["id"] for r in rows(spark, mirror)) == [1]
+
+
 def test_a_chunk_whose_every_key_changes_again_is_merged_without_an_append(
     spark: Any, tmp_path: Path
 ) -> None:
