@@ -604,11 +604,13 @@ class StateStore:
         ``position_version`` and no intent exists (:class:`StateConflict` otherwise: another
         tailer moved on, or a batch is pending). Cleared by :meth:`commit_batch`."""
         tx = self._zk.transaction()
+        ops = self._check_lock_in(tx)
         tx.check(self._abs(POSITION), position_version)
         tx.create(self._abs(BATCH_INTENT), _encode(intent.to_json(), BATCH_INTENT))
         with _zk_errors("create batch intent"):
             results = tx.commit()
-        _raise_tx_failure(results, [f"check {POSITION}", f"create {BATCH_INTENT}"],
+        self._raise_if_lock_lost(results, ops)
+        _raise_tx_failure(results, [*ops, f"check {POSITION}", f"create {BATCH_INTENT}"],
                           f"intent of batch {intent.batch}")
         return 0
 
@@ -620,7 +622,35 @@ class StateStore:
         """Record a new write attempt at the pending batch (compare-and-set on the intent
         read: :class:`StateConflict` if another tailer changed or committed it)."""
         updated = replace(found.value, attempts=(*found.value.attempts, attempt))
-        return self.put(BATCH_INTENT, updated.to_json(), found.version)
+        tx = self._zk.transaction()
+        ops = self._check_lock_in(tx)
+        tx.set_data(self._abs(BATCH_INTENT), _encode(updated.to_json(), BATCH_INTENT),
+                    found.version)
+        with _zk_errors("add a batch attempt"):
+            results = tx.commit()
+        self._raise_if_lock_lost(results, ops)
+        _raise_tx_failure(results, [*ops, f"set {BATCH_INTENT}"],
+                          f"attempt at batch {found.value.batch}")
+        return int(results[-1].version)
+
+    def _check_lock_in(self, tx: Any) -> list[str]:
+        """Make ``tx`` hold only while this store holds the tailer lock: LeadershipLost
+        now if the session was interrupted, and a check that the lock node still exists
+        in the transaction (an expired session's ephemeral node is gone, whatever session
+        the client has reconnected with since). Returns the operations it added."""
+        if self._lock_node is None:
+            return []
+        if self._session_lost.is_set():
+            raise LeadershipLost(
+                f"the ZooKeeper session of the tailer for {self.source} was suspended or lost; "
+                "another tailer may have taken over, so this one stops writing")
+        tx.check(self._lock_node, -1)
+        return [f"check {TAILER_LOCK}"]
+
+    def _raise_if_lock_lost(self, results: Sequence[Any], ops: Sequence[str]) -> None:
+        """LeadershipLost when the lock check :meth:`_check_lock_in` added failed."""
+        if ops and isinstance(results[0], NoNodeError):
+            raise LeadershipLost(f"the tailer lock for source {self.source} was lost")
 
     def clear_batch_intent(self) -> bool:
         """Drop a pending intent (e.g. after rolling the batch back)."""

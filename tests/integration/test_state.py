@@ -481,3 +481,48 @@ def test_rejects_unsafe_names(store: StateStore) -> None:
         store.get_capture("cap\n")
     with pytest.raises(ValueError, match="invalid source"):
         StateStore(store._zk, "a/b")
+
+
+def test_a_batch_attempt_or_intent_is_recorded_only_while_the_lock_is_held(
+    names: tuple[str, str], raw: KazooClient
+) -> None:
+    """The write-ahead record of a batch is the tailer's first write of it: a tailer whose
+    session was interrupted (another may hold the lock now) must not add its attempt, and a
+    lock node gone with an expired session makes the record fail even on the new session
+    the client reconnected with."""
+    from pipeline.errors import LeadershipLost
+    from pipeline.state import BatchIntent
+
+    chroot, source = names
+    with StateStore.connect(ZK_HOSTS, source, chroot=chroot, timeout=5) as store:
+        store.put_position(_position(1), ABSENT)
+        with store.tailer_lock("stale"):
+            store.put_batch_intent(2, {"pos": 4}, {"pos": 9})
+            intent = store.get_batch_intent()
+            assert intent is not None
+            # Expire the session from outside, as a long pause or partition would.
+            session_id, session_password = store._zk.client_id
+            thief = KazooClient(hosts=ZK_HOSTS, client_id=(session_id, session_password))
+            thief.start(timeout=10)
+            thief.stop()
+            thief.close()
+            deadline = time.monotonic() + 60
+            while not store.session_interrupted():
+                assert time.monotonic() < deadline, "the session loss was never noticed"
+                time.sleep(0.1)
+            with pytest.raises(LeadershipLost):
+                store.add_batch_attempt(intent, "a" * 32)
+            store._session_lost.clear()  # as if the flag had not been seen yet
+            deadline = time.monotonic() + 60
+            while store._zk.state != "CONNECTED":  # reconnected, on a new session
+                assert time.monotonic() < deadline, "never reconnected"
+                time.sleep(0.1)
+            with pytest.raises(LeadershipLost):
+                store.add_batch_attempt(intent, "a" * 32)
+            store.clear_batch_intent()
+            position = store.get_position()
+            assert position is not None
+            with pytest.raises(LeadershipLost):
+                store.create_batch_intent(BatchIntent(2, {"pos": 4}, {"pos": 9}),
+                                          position.version)
+            assert store.get_batch_intent() is None
