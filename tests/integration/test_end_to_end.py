@@ -1,7 +1,9 @@
 """The most important test, part of the contract suite (it runs for every source database):
 writers run while a full capture and the tail run; then mirror == source, an independent
-pandas replay of the changelog == source, no key goes back in position, and every row that
-existed throughout unchanged was captured exactly once.
+pandas replay of the changelog == source, no key goes back in position, every row that
+existed throughout unchanged was captured exactly once, and the changelog's log events are
+exactly the changes the writers committed, each once, in commit order per key, with the
+values written (:func:`tests.integration.checks.check_history`).
 
 Odd seeds run an insert-heavy workload (half the statements append rows after the largest
 key): the capture must still finish, since a range's upper bound is fixed when it starts.
@@ -26,7 +28,7 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, check_untouched_captured_once
+from tests.integration.checks import check_history, check_table, check_untouched_captured_once
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
@@ -54,7 +56,7 @@ def test_concurrent_writes_capture_and_tail(
     db = source_kit.create(f"e2e_{seed}", accounts=1500, orders=1000, seed=seed)
     source = f"e2e-{seed}-{uuid.uuid4().hex[:6]}"
     try:
-        initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
+        initial = {t: source_kit.rows(db, t) for t in TABLES}
         data = source_kit.config_data(
             source=source, db=db, lake=tmp_path / "lake",
             # Chunks grow as fast ones do in production (up to eightfold), still three
@@ -113,15 +115,24 @@ def test_concurrent_writes_capture_and_tail(
                 rt.wait_caught_up(bg.check)
             finally:
                 bg.stop()
+            assert not workload.history.uncertain, "a writer's commit was cut off"
             for table in TABLES:
                 report = verify_table(rt.dialect, rt.sink, TableId(db, table))
                 assert report.ok, report.summary()
+                rows = source_kit.rows(db, table)
                 frame = check_table(spark, source_kit.ep, db, table, KEYS[table],
                                     rt.layout.changelog(TableId(db, table)),
-                                    expected_rows=source_kit.rows(db, table))
+                                    expected_rows=rows)
                 untouched = check_untouched_captured_once(
-                    frame, table, KEYS[table], initial[table], workload.touched)
+                    frame, table, KEYS[table], set(initial[table]), workload.touched)
                 assert untouched > 20, "too few untouched rows for the check to mean anything"
+                # The writers started after the tailer's first position: the log holds
+                # every change they committed.
+                checked = check_history(frame, table, KEYS[table], initial[table],
+                                        workload.history.of(table), rows)
+                assert checked.changes > 50 and checked.rewritten_keys > 5, (
+                    f"{table}: too few changes for the history check to mean anything: "
+                    f"{checked}")
             rt.state.delete("", recursive=True)
     finally:
         source_kit.forget(source)
