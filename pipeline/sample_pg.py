@@ -15,6 +15,7 @@ from typing import Any
 import psycopg2
 
 from pipeline.events import TableId
+from pipeline.sample import Change, ChangeHistory, returned_rows
 from pipeline.services import Endpoints
 from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 
@@ -81,7 +82,8 @@ def pg_source_config(*, source: str, ep: Endpoints, schema: str, lake: Path,
 class PgWorkload:
     """Writer threads on ``accounts`` (one key, a TOASTed column) and ``orders`` (a
     two-column key): inserts, updates (some leaving the TOASTed value unchanged, some
-    changing the key), deletes, delete + re-insert, multi-statement transactions, rollbacks."""
+    changing the key), deletes, delete + re-insert, multi-statement transactions, rollbacks;
+    every change they commit is in :attr:`history`."""
 
     ep: Endpoints
     schema: str
@@ -92,6 +94,8 @@ class PgWorkload:
     append_ratio: float = 0.0
     """Share of statements that append a row after the largest key."""
     touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
+    """Every key a committed transaction's statement aimed at (changed or not)."""
+    history: ChangeHistory = field(default_factory=ChangeHistory)
     ops: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,15 +127,21 @@ class PgWorkload:
         try:
             while not self._stop.is_set():
                 keys: list[tuple[str, tuple[Any, ...]]] = []
+                changes: list[Change] = []
                 try:
                     with conn.cursor() as cur:
                         for _ in range(rng.choice([1, 1, 1, 2, 3])):
-                            keys += self._statement(cur, rng)
+                            keys += self._statement(cur, rng, changes)
                     if rng.random() < 0.1:
                         conn.rollback()
                         keys = []
                     else:
-                        conn.commit()
+                        try:
+                            conn.commit()
+                        except BaseException:
+                            self.history.unsure(changes)  # the commit may have happened
+                            raise
+                        self.history.committed(changes)
                 except (psycopg2.errors.DeadlockDetected,
                         psycopg2.errors.UniqueViolation):
                     conn.rollback()
@@ -145,7 +155,25 @@ class PgWorkload:
         finally:
             conn.close()
 
-    def _statement(self, cur: Any, rng: random.Random) -> list[tuple[str, tuple[Any, ...]]]:
+    def _written(self, cur: Any, changes: list[Change], table: str,
+                 key: tuple[Any, ...]) -> None:
+        """Record the row the last statement (``... RETURNING *``) wrote for ``key``, if it
+        wrote one. PostgreSQL logs every row an update matched, even one it left as it
+        was. The writer's transaction still holds the row's lock (see
+        :class:`pipeline.sample.ChangeHistory`)."""
+        for row in returned_rows(cur):
+            changes.append(self.history.change(table, key, row))
+
+    def _deleted(self, cur: Any, changes: list[Change], table: str,
+                 key: tuple[Any, ...]) -> None:
+        """Record the row the last statement (``DELETE ... RETURNING *``) deleted, if any."""
+        for row in returned_rows(cur):
+            changes.append(self.history.change(table, key, None, deleted=row))
+
+    def _statement(self, cur: Any, rng: random.Random, changes: list[Change]
+                   ) -> list[tuple[str, tuple[Any, ...]]]:
+        """One random statement on one key (a key change: two); its changes go to
+        ``changes``; returns the keys it aimed at."""
         acc = quote_table(TableId(self.schema, "accounts"))
         ords = quote_table(TableId(self.schema, "orders"))
         if rng.random() < self.append_ratio:
@@ -154,11 +182,13 @@ class PgWorkload:
                 n = self._appended
             if n % 2:
                 key = 10_000_000 + n
-                cur.execute(f"INSERT INTO {acc} VALUES (%s, %s, 0, NULL, 'appended')",
-                            (key, f"a-{n}"))
+                cur.execute(f"INSERT INTO {acc} VALUES (%s, %s, 0, NULL, 'appended')"
+                            " RETURNING *", (key, f"a-{n}"))
+                self._written(cur, changes, "accounts", (key,))
                 return [("accounts", (key,))]
-            cur.execute(f"INSERT INTO {ords} VALUES ('eu', %s, 1.0, 'new')",
+            cur.execute(f"INSERT INTO {ords} VALUES ('eu', %s, 1.0, 'new') RETURNING *",
                         (2 * 10**12 + n,))
+            self._written(cur, changes, "orders", ("eu", 2 * 10**12 + n))
             return [("orders", ("eu", 2 * 10**12 + n))]
         if rng.random() < 0.6:
             key = self._key(rng, 2000)
@@ -166,38 +196,51 @@ class PgWorkload:
             if op < 0.35:
                 cur.execute(
                     f'INSERT INTO {acc} VALUES (%s, %s, %s, NULL, %s) ON CONFLICT (id)'
-                    " DO UPDATE SET balance = EXCLUDED.balance, name = EXCLUDED.name",
+                    " DO UPDATE SET balance = EXCLUDED.balance, name = EXCLUDED.name"
+                    " RETURNING *",
                     (key, f"w-{rng.randint(0, 10**6)}",
                      Decimal(rng.randint(-10**6, 10**6)) / 100, "w ✓"))
+                self._written(cur, changes, "accounts", (key,))
             elif op < 0.55:  # leaves the TOASTed column as it is
                 cur.execute(f'UPDATE {acc} SET balance = balance + 1, note = %s'
-                            " WHERE id = %s", (f"u{rng.randint(0, 99)} 🚀", key))
+                            " WHERE id = %s RETURNING *", (f"u{rng.randint(0, 99)} 🚀", key))
+                self._written(cur, changes, "accounts", (key,))
             elif op < 0.65:
-                cur.execute(f'UPDATE {acc} SET big = repeat(%s, 9000) WHERE id = %s',
-                            (rng.choice("abc"), key))
+                cur.execute(f'UPDATE {acc} SET big = repeat(%s, 9000) WHERE id = %s'
+                            " RETURNING *", (rng.choice("abc"), key))
+                self._written(cur, changes, "accounts", (key,))
             elif op < 0.75:  # a key change: the old key goes, a new one comes
                 new = 100_000 + rng.randint(0, 10**6)
-                cur.execute(f'UPDATE {acc} SET id = %s WHERE id = %s', (new, key))
+                cur.execute(f'UPDATE {acc} SET id = %s WHERE id = %s RETURNING *', (new, key))
+                for row in returned_rows(cur):  # logged as the old row's delete, then an insert
+                    changes.append(self.history.change("accounts", (key,), None))
+                    changes.append(self.history.change("accounts", (new,), row))
                 return [("accounts", (key,)), ("accounts", (new,))]
             elif op < 0.9:
-                cur.execute(f'DELETE FROM {acc} WHERE id = %s', (key,))
+                cur.execute(f'DELETE FROM {acc} WHERE id = %s RETURNING *', (key,))
+                self._deleted(cur, changes, "accounts", (key,))
             else:
-                cur.execute(f'DELETE FROM {acc} WHERE id = %s', (key,))
-                cur.execute(f"INSERT INTO {acc} VALUES (%s, 'reborn', 0, NULL, NULL)",
-                            (key,))
+                cur.execute(f'DELETE FROM {acc} WHERE id = %s RETURNING *', (key,))
+                self._deleted(cur, changes, "accounts", (key,))
+                cur.execute(f"INSERT INTO {acc} VALUES (%s, 'reborn', 0, NULL, NULL)"
+                            " RETURNING *", (key,))
+                self._written(cur, changes, "accounts", (key,))
             return [("accounts", (key,))]
         region = rng.choice(["eu", "us", "ap"])
         order_no = self._key(rng, 3000)
         op = rng.random()
         if op < 0.4:
             cur.execute(f"INSERT INTO {ords} VALUES (%s, %s, %s, 'new') ON CONFLICT"
-                        " (region, order_no) DO UPDATE SET amount = EXCLUDED.amount",
-                        (region, order_no, rng.random() * 1000))
+                        " (region, order_no) DO UPDATE SET amount = EXCLUDED.amount"
+                        " RETURNING *", (region, order_no, rng.random() * 1000))
+            self._written(cur, changes, "orders", (region, order_no))
         elif op < 0.8:
             cur.execute(f'UPDATE {ords} SET status = %s, amount = amount * 1.5'
-                        " WHERE region = %s AND order_no = %s",
+                        " WHERE region = %s AND order_no = %s RETURNING *",
                         (rng.choice(["paid", "shipped"]), region, order_no))
+            self._written(cur, changes, "orders", (region, order_no))
         else:
-            cur.execute(f'DELETE FROM {ords} WHERE region = %s AND order_no = %s',
+            cur.execute(f'DELETE FROM {ords} WHERE region = %s AND order_no = %s RETURNING *',
                         (region, order_no))
+            self._deleted(cur, changes, "orders", (region, order_no))
         return [("orders", (region, order_no))]

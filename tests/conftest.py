@@ -64,15 +64,62 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     session.stop()
 
 
+SEED_BASE = pytest.StashKey[int]()
+SEEDED = pytest.StashKey[bool]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--seeds", type=int, default=3,
         help="how many random seeds the randomized concurrent-write tests run (CI: 3)",
     )
+    parser.addoption(
+        "--seed-base", type=int, default=None,
+        help="the first of those seeds (default: $DBLOG_SEED_BASE, else drawn at random and "
+             "printed), to repeat a run",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+    import random
+
+    given = config.getoption("--seed-base")
+    if given is None and os.environ.get("DBLOG_SEED_BASE"):
+        given = int(os.environ["DBLOG_SEED_BASE"])
+    config.stash[SEED_BASE] = random.randrange(10**6) if given is None else int(given)
+
+
+def _seed_line(config: pytest.Config) -> str:
+    base = config.stash[SEED_BASE]
+    return (f"randomized tests: seed base {base} (--seed-base {base} or DBLOG_SEED_BASE={base}"
+            " repeats their seeds)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line(config)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    if config.stash.get(SEEDED, False):
+        terminalreporter.write_line(_seed_line(config))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test that takes ``seed`` runs once per seed: 1000, 1001, ... (``--seeds N``)."""
-    if "seed" in metafunc.fixturenames:
-        count = int(metafunc.config.getoption("--seeds"))
-        metafunc.parametrize("seed", [1000 + i for i in range(count)])
+    """A test that takes ``seed`` runs once per seed: base, base + 1, ... (``--seeds N``,
+    ``--seed-base``). One that also takes ``variant`` (its module's ``VARIANTS`` kinds of
+    run) runs variant ``i % VARIANTS`` with the i-th seed, and at least once each: fewer
+    seeds than variants still run every variant (seed base + i for variant i)."""
+    if "seed" not in metafunc.fixturenames:
+        return
+    metafunc.config.stash[SEEDED] = True
+    base = metafunc.config.stash[SEED_BASE]
+    count = int(metafunc.config.getoption("--seeds"))
+    if "variant" not in metafunc.fixturenames:
+        metafunc.parametrize("seed", [base + i for i in range(count)])
+        return
+    variants = int(metafunc.module.VARIANTS)
+    runs = [(base + i, i % variants) for i in range(max(count, variants))]
+    metafunc.parametrize(("seed", "variant"), runs,
+                         ids=[f"variant{v}-seed{s}" for s, v in runs])

@@ -6,15 +6,16 @@ the pipeline's own readers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import pymysql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.sample import connect, q
+from pipeline.sample import Change, connect, q
 from pipeline.services import Endpoints
 
 
@@ -139,3 +140,98 @@ def check_untouched_captured_once(frame: pd.DataFrame, table: str, key: tuple[st
     sample = dict(list(wrong.items())[:10])
     assert not wrong, f"{table}: untouched rows not captured exactly once: {sample}"
     return len(untouched)
+
+
+Image = dict[str, Any] | None
+Event = tuple[str, Image, Image]
+"""A log event as the checks compare it: (op, before, after)."""
+
+
+class HistoryChecked(NamedTuple):
+    changes: int
+    """How many committed changes were found in the changelog."""
+    rewritten_keys: int
+    """How many keys changed more than once (where a lost change can hide)."""
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 24:
+        return f"{value[:12]}...({len(value)} chars)"
+    if isinstance(value, dict):
+        return {c: _short(v) for c, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_short(v) for v in value)
+    return value
+
+
+def _first_difference(expected: list[Event], logged: list[Event]) -> str:
+    at = next((i for i, (e, a) in enumerate(zip(expected, logged, strict=False)) if e != a),
+              min(len(expected), len(logged)))
+    return (f"{len(expected)} committed, {len(logged)} logged; first difference at #{at}:"
+            f" committed {_short(expected[at:at + 2])}, logged {_short(logged[at:at + 2])}")
+
+
+def check_history(frame: pd.DataFrame, table: str, key: tuple[str, ...],
+                  initial: dict[tuple[Any, ...], dict[str, Any]], changes: Sequence[Change],
+                  final: dict[tuple[Any, ...], dict[str, Any]]) -> HistoryChecked:
+    """Every change the writers committed is in the changelog exactly once, as a log event
+    (``c``/``u``/``d``, no ``_dblog_window_id``) with the values written, and each key's
+    log events, by ``(_dblog_lsn, _dblog_seq)``, are its changes in commit order: none lost
+    (not even one a later change overwrote), none twice, none the writers did not commit,
+    none out of order, no other before or after image.
+
+    ``initial``: the table's rows before the writers started; ``changes``: every change
+    the writers committed to ``table`` (:class:`pipeline.sample.ChangeHistory`), all after
+    the tailer's start (the log must hold each); ``final``: the table's rows now. Capture
+    rows (``r``, and a capture's ``d`` rows) are no log events: the other checks judge them.
+
+    The expected events follow from the history alone: a change of a key that does not
+    exist is a ``c``, of one that does a ``u`` (its before image the key's previous row),
+    a delete a ``d`` of the previous row. Two checks of the record itself come first: the
+    row each delete's ``RETURNING`` gave is the row the history says was there (the
+    per-key order is right), and replaying the history from ``initial`` gives ``final``
+    (no committed change is missing from it)."""
+    columns = list(next(iter(final.values()), None) or next(iter(initial.values()), {}))
+
+    def image(row: dict[str, Any] | None) -> Image:
+        return None if row is None else {c: normalize(row.get(c)) for c in columns}
+
+    def key_of(row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(normalize(row[c]) for c in key)
+
+    state: dict[tuple[Any, ...], Image] = {key_of(row): image(row) for row in initial.values()}
+    expected: dict[tuple[Any, ...], list[Event]] = {}
+    for change in sorted(changes, key=lambda c: c.stamp):
+        k = tuple(normalize(v) for v in change.key)
+        before, after = state.get(k), image(change.after)
+        if after is None:
+            assert before is not None, f"{table}: the writers recorded a delete of {k}, " \
+                "which the history says did not exist"
+            assert change.deleted is None or image(change.deleted) == before, (
+                f"{table}: the writers' history is out of order at {k}: the database "
+                f"deleted {_short(image(change.deleted))}, the history had {_short(before)}")
+            expected.setdefault(k, []).append(("d", before, None))
+            state.pop(k)
+        else:
+            expected.setdefault(k, []).append(("c" if before is None else "u", before, after))
+            state[k] = after
+    now = {key_of(row): image(row) for row in final.values()}
+    differ = [k for k in state.keys() | now.keys() if state.get(k) != now.get(k)]
+    assert not differ, (
+        f"{table}: the writers' history does not end in the source's rows: "
+        f"{[(k, _short(state.get(k)), _short(now.get(k))) for k in sorted(differ)[:3]]}")
+
+    events = frame[frame["op"].isin(["c", "u", "d"]) & frame["_dblog_window_id"].isna()]
+    events = events.sort_values(["_dblog_lsn", "_dblog_seq"], kind="stable")
+    logged: dict[tuple[Any, ...], list[Event]] = {}
+    for op, before, after in zip(events["op"], events["before"], events["after"], strict=True):
+        k = key_of(before if op == "d" else after)
+        logged.setdefault(k, []).append((op, image(before), image(after)))
+    wrong = sorted(k for k in expected.keys() | logged.keys()
+                   if expected.get(k, []) != logged.get(k, []))
+    assert not wrong, (
+        f"{table}: {len(wrong)} keys whose log events are not their committed changes in "
+        "order: " + "; ".join(f"{k}: {_first_difference(expected.get(k, []), logged.get(k, []))}"
+                             for k in wrong[:3]))
+    return HistoryChecked(sum(len(v) for v in expected.values()),
+                          sum(1 for v in expected.values() if len(v) > 1))

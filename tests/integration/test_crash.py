@@ -1,6 +1,7 @@
 """kill -9 in the middle of a capture and of a tail batch, restart: nothing lost, nothing
-duplicated, and the same invariants as the concurrent-write test hold. Part of the contract
-suite: it runs for every source database."""
+duplicated, and the same invariants as the concurrent-write test hold, the history check
+too: each change the writers committed is in the changelog once, in order per key, across the
+kills and replays. Part of the contract suite: it runs for every source database."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
 from pipeline.services import Endpoints
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, check_untouched_captured_once
+from tests.integration.checks import check_history, check_table, check_untouched_captured_once
 from tests.integration.helpers import run_dblog
 from tests.integration.sources import KEYS, PostgresKit, SourceKit
 
@@ -71,7 +72,7 @@ def _kill_and_restart(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str
     )
     pw = source_kit.password
     config = load_config(config_path)
-    initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
+    initial = {t: source_kit.rows(db, t) for t in TABLES}
     # The tailer's starting position is taken before the writers start (in this process:
     # only the capture and resume processes are killed).
     with open_runtime(config, spark=spark) as rt:
@@ -90,13 +91,17 @@ def _kill_and_restart(source_kit: SourceKit, spark: Any, tmp_path: Path, db: str
         for table in TABLES:
             report = verify_table(rt.dialect, rt.sink, TableId(db, table))
             assert report.ok, report.summary()
+            final = source_kit.rows(db, table)
             frame = check_table(spark, source_kit.ep, db, table, KEYS[table],
                                 rt.layout.changelog(TableId(db, table)),
-                                expected_rows=source_kit.rows(db, table))
+                                expected_rows=final)
             windows = frame[frame["op"] == "r"].groupby("_dblog_window_id").size()
             assert len(windows) > 3
             assert check_untouched_captured_once(
-                frame, table, KEYS[table], initial[table], workload.touched) > 20
+                frame, table, KEYS[table], set(initial[table]), workload.touched) > 20
+            assert not workload.history.uncertain
+            assert check_history(frame, table, KEYS[table], initial[table],
+                                 workload.history.of(table), final).changes > 20
         ranges = [r.value for f in rt.state.list_captures()
                   for r in rt.state.list_ranges(f.value.capture_id).values()]
         assert ranges and all(r.done for r in ranges)

@@ -1,14 +1,18 @@
 """The most important test, part of the contract suite (it runs for every source database):
 writers run while a full capture and the tail run; then mirror == source, an independent
-pandas replay of the changelog == source, no key goes back in position, and every row that
-existed throughout unchanged was captured exactly once.
+pandas replay of the changelog == source, no key goes back in position, every row that
+existed throughout unchanged was captured exactly once, and the changelog's log events are
+exactly the changes the writers committed, each once, in commit order per key, with the
+values written (:func:`tests.integration.checks.check_history`).
 
-Odd seeds run an insert-heavy workload (half the statements append rows after the largest
+Each run has a random seed (``--seeds N`` of them from ``--seed-base``, a fresh one each
+session unless given) and one of four variants, every variant at least once per database.
+Odd variants run an insert-heavy workload (half the statements append rows after the largest
 key): the capture must still finish, since a range's upper bound is fixed when it starts.
-Seeds 2 and 3 of every four close a batch soon after it holds a log change
-(``tail.pin_ahead_s`` 1 s and 0), and the 2s write each chunk's files two seconds late:
-closed batches then wait for chunks' files while the tailer reads on and pins the next
-chunks for the batch after them."""
+Variants 2 and 3 close a batch soon after it holds a log change (``tail.pin_ahead_s`` 1 s
+and 0), and variant 2 writes each chunk's files two seconds late: closed batches then wait
+for chunks' files while the tailer reads on and pins the next chunks for the batch after
+them."""
 
 from __future__ import annotations
 
@@ -26,10 +30,13 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
 from pipeline.verify import verify_table
-from tests.integration.checks import check_table, check_untouched_captured_once
+from tests.integration.checks import check_history, check_table, check_untouched_captured_once
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
+
+VARIANTS = 4
+"""Kinds of run (see the module's docstring); ``tests/conftest.py`` runs each at least once."""
 
 
 def run_with_deadline(capturer: Any, capture_id: str, seconds: float) -> list[Any]:
@@ -48,13 +55,13 @@ def run_with_deadline(capturer: Any, capture_id: str, seconds: float) -> list[An
 
 
 def test_concurrent_writes_capture_and_tail(
-    source_kit: SourceKit, spark: Any, tmp_path: Path, seed: int,
+    source_kit: SourceKit, spark: Any, tmp_path: Path, seed: int, variant: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db = source_kit.create(f"e2e_{seed}", accounts=1500, orders=1000, seed=seed)
     source = f"e2e-{seed}-{uuid.uuid4().hex[:6]}"
     try:
-        initial = {t: set(source_kit.rows(db, t)) for t in TABLES}
+        initial = {t: source_kit.rows(db, t) for t in TABLES}
         data = source_kit.config_data(
             source=source, db=db, lake=tmp_path / "lake",
             # Chunks grow as fast ones do in production (up to eightfold), still three
@@ -64,12 +71,12 @@ def test_concurrent_writes_capture_and_tail(
         # The 800-row and the last chunk are read by three selects at once, each over the
         # key range planned for it, while the writers change rows in all of them.
         data["capture"].update(read_partitions=3, read_partition_rows=100)
-        if seed % 4 >= 2:
-            # A batch holding a log change closes soon (seed 3 of four: at once), chunks'
-            # files or not: the tailer then reads on into the next batch, and pins the
-            # chunks after them, while the closed one waits for them.
-            data["tail"]["pin_ahead_s"] = 1.0 if seed % 4 == 2 else 0
-        if seed % 4 == 2:
+        if variant >= 2:
+            # A batch holding a log change closes soon (variant 3: at once), chunks' files
+            # or not: the tailer then reads on into the next batch, and pins the chunks
+            # after them, while the closed one waits for them.
+            data["tail"]["pin_ahead_s"] = 1.0 if variant == 2 else 0
+        if variant == 2:
             from pipeline import capture as capture_module
 
             write_files = capture_module.write_chunk_files
@@ -84,7 +91,7 @@ def test_concurrent_writes_capture_and_tail(
             bg = BackgroundTailer(rt.tailer()).start()
             try:
                 rt.wait_started(bg.check)
-                insert_heavy = seed % 2 == 1
+                insert_heavy = variant % 2 == 1
                 # The same transaction pace for both shapes: what the tail keeps up with on
                 # two shared cores today (faster writers are the throughput benchmarks'
                 # business). Every 10th existing key is left alone, so the untouched-rows
@@ -113,15 +120,29 @@ def test_concurrent_writes_capture_and_tail(
                 rt.wait_caught_up(bg.check)
             finally:
                 bg.stop()
+            final: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+            frames: dict[str, Any] = {}
             for table in TABLES:
                 report = verify_table(rt.dialect, rt.sink, TableId(db, table))
                 assert report.ok, report.summary()
-                frame = check_table(spark, source_kit.ep, db, table, KEYS[table],
-                                    rt.layout.changelog(TableId(db, table)),
-                                    expected_rows=source_kit.rows(db, table))
+                final[table] = source_kit.rows(db, table)
+                frames[table] = check_table(spark, source_kit.ep, db, table, KEYS[table],
+                                            rt.layout.changelog(TableId(db, table)),
+                                            expected_rows=final[table])
                 untouched = check_untouched_captured_once(
-                    frame, table, KEYS[table], initial[table], workload.touched)
+                    frames[table], table, KEYS[table], set(initial[table]), workload.touched)
                 assert untouched > 20, "too few untouched rows for the check to mean anything"
+            # The writers started after the tailer's first position: the log holds every
+            # change they committed.
+            assert not workload.history.uncertain, "a writer's commit was cut off"
+            checked = {table: check_history(frames[table], table, KEYS[table], initial[table],
+                                            workload.history.of(table), final[table])
+                       for table in TABLES}
+            print(f"history checked: {checked}")
+            assert all(c.changes > 50 for c in checked.values()), \
+                f"too few changes for the history check to mean anything: {checked}"
+            assert sum(c.rewritten_keys for c in checked.values()) > 5, \
+                f"too few keys changed more than once (where a lost change hides): {checked}"
             rt.state.delete("", recursive=True)
     finally:
         source_kit.forget(source)
