@@ -298,6 +298,7 @@ def _maintain(args: argparse.Namespace) -> int:
     import socket
 
     from pipeline.errors import LockHeld
+    from pipeline.handoff import pending_chunk_tables
     from pipeline.runtime import open_runtime
 
     config = _config(args)
@@ -305,8 +306,11 @@ def _maintain(args: argparse.Namespace) -> int:
     with open_runtime(config) as rt:
         try:
             with rt.state.tailer_lock(f"maintain@{socket.gethostname()}", timeout=5.0):
+                pending = pending_chunk_tables(rt.state) if args.vacuum else set()
                 for table in tables:
-                    print(rt.sink.maintain(table, vacuum=args.vacuum).summary(), flush=True)
+                    keep = pending is None or table in pending
+                    print(rt.sink.maintain(table, vacuum=args.vacuum,
+                                           keep_uncommitted=keep).summary(), flush=True)
         except LockHeld as exc:
             raise DblogError(
                 f"{exc}: a running tailer compacts its tables itself every "

@@ -195,6 +195,22 @@ def write_files(state: StateStore, files: ChunkFiles) -> None:
     }, None)
 
 
+def pending_chunk_tables(state: StateStore) -> set[TableId] | None:
+    """The tables with chunk files a capture published and no batch has committed yet (a
+    window still registered); None when such files belong to a window no longer known
+    (any table may then hold them)."""
+    tables: set[TableId] = set()
+    for window_id in state.children(CHUNKS):
+        if read_files(state, window_id) is None:
+            continue
+        window = state.get_window(window_id)
+        if window is None:
+            return None
+        if window.value.status == "registered":
+            tables.add(window.value.window.table)
+    return tables
+
+
 def read_files(state: StateStore, window_id: str) -> ChunkFiles | None:
     """The files last published for the window, or None."""
     found = state.get(f"{chunk_path(window_id)}/files")

@@ -358,10 +358,17 @@ class MaintenanceReport:
 
     table: TableId
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    not_vacuumed: list[str] = field(default_factory=list)
+    """Tables left unvacuumed: they hold chunk files a pending batch will commit."""
 
     def summary(self) -> str:
         parts = [f"{name} {a} -> {b} files" for name, (a, b) in self.files.items()]
-        return f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
+        text = f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
+        if self.not_vacuumed:
+            text += (f"; {', '.join(self.not_vacuumed)} not vacuumed: captures published chunk "
+                     "files a pending batch commits (run `dblog tail --until-caught-up`, then "
+                     "vacuum again)")
+        return text
 
 
 def retry_concurrent_commits(action: Callable[[], None], *, pause_s: float,
@@ -827,17 +834,24 @@ class DeltaSink:
     def _file_count(self, path: str) -> int:
         return DeltaTxn(self.spark, path).file_count
 
-    def maintain(self, table: TableId, *, vacuum: bool = False) -> MaintenanceReport:
+    def maintain(self, table: TableId, *, vacuum: bool = False,
+                 keep_uncommitted: bool = False) -> MaintenanceReport:
         """Compact the changelog's and the mirror's small files (one per batch otherwise);
-        with ``vacuum`` also vacuum them (Delta's default retention, 7 days: time travel
-        within it stays possible, and a capture's chunk files, written before the commit
-        that adds them, are never that old).
+        with ``vacuum`` also vacuum them (the table's retention, 7 days by default: time
+        travel within it stays possible).
+
+        ``keep_uncommitted``: captures have published chunk files of the table that a
+        pending batch will commit (:func:`pipeline.handoff.pending_chunk_tables`): the
+        changelog is not vacuumed, since VACUUM deletes every file no commit added once
+        it is older than the retention, and a retention shortened below a batch's wait
+        (a tailer down for a while) would take files the replay commits.
 
         Only the ordered writer may call it (it rewrites files a MERGE would read)."""
         with self.mirror_lock:
-            return self._compact(table, vacuum)
+            return self._compact(table, vacuum, keep_uncommitted)
 
-    def _compact(self, table: TableId, vacuum: bool) -> MaintenanceReport:
+    def _compact(self, table: TableId, vacuum: bool, keep_uncommitted: bool = False
+                 ) -> MaintenanceReport:
         from delta.tables import DeltaTable
 
         report = MaintenanceReport(table)
@@ -848,7 +862,9 @@ class DeltaSink:
             before = self._file_count(path)
             DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
             report.files[name] = (before, self._file_count(path))
-            if vacuum:
+            if vacuum and name == "changelog" and keep_uncommitted:
+                report.not_vacuumed.append(name)
+            elif vacuum:
                 DeltaTable.forPath(self.spark, path).vacuum()
         return report
 

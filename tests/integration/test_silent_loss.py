@@ -537,6 +537,56 @@ def test_timestamp_keys_in_the_fall_back_hour_of_a_host_time_zone_merge_once(
         rt.state.delete("", recursive=True)
 
 
+def test_vacuum_keeps_the_chunk_files_a_pending_batch_commits(
+    services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tailer stopped after recording a batch whose chunk files its capture had
+    published; `dblog maintain --vacuum` ran before the next tailer, with the changelog's
+    retention shortened to nothing. VACUUM deletes every file no commit added that is older
+    than the retention: it took the files the replay of that batch commits."""
+    import threading
+
+    from pipeline.background import BackgroundTailer
+    from pipeline.capture import CaptureRequest
+    from pipeline.lake.sink import DeltaSink
+
+    monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+    db = sample_table(services, rows=30)
+    raw = config_dict(source=f"loss-{uuid.uuid4().hex[:8]}", ep=services,
+                      tables=[f"{db}.t"], lake=tmp_path / "lake", server_id=7918,
+                      chunk_size=50, batch_seconds=0.3, poll_seconds=0.2)
+    raw["spark"] = {"conf": {"spark.databricks.delta.retentionDurationCheck.enabled": False}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    table = TableId(db, "t")
+    write = DeltaSink.write_table_batch
+
+    def stop_before_the_emission(sink: Any, tb: Any, *args: Any, **kwargs: Any) -> Any:
+        if tb.emissions:
+            raise RuntimeError("the tailer stops before its batch's Delta write")
+        return write(sink, tb, *args, **kwargs)
+
+    with open_runtime(load_config(path), spark=spark) as rt:
+        rt.tailer().run(until_caught_up=True)
+        monkeypatch.setattr(DeltaSink, "write_table_batch", stop_before_the_emission)
+        with pytest.raises(Exception, match="stops before"), BackgroundTailer(rt.tailer()) as bg:
+            capturer = rt.capturer()
+            capturer.health_check = bg.check
+            capturer.run(capturer.plan(CaptureRequest((table,))), stop=threading.Event())
+        monkeypatch.undo()
+        monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
+        intent = rt.state.get_batch_intent()
+        assert intent is not None and "emitted" in intent.value.windows.values()
+        spark.sql(f"ALTER TABLE delta.`{rt.layout.changelog(table)}` SET TBLPROPERTIES"
+                  " ('delta.deletedFileRetentionDuration' = 'interval 0 hours')")
+        _, out = run_dblog(path, "maintain", "--vacuum", password=services.mariadb_password)
+        assert "changelog not vacuumed" in out
+        run_dblog(path, "tail", "--until-caught-up", password=services.mariadb_password)
+        report = verify_table(rt.dialect, rt.sink, table)
+        assert report.ok, report.summary()
+        rt.state.delete("", recursive=True)
+
+
 def test_zookeeper_failing_after_a_session_interruption_is_leadership_lost(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
