@@ -31,8 +31,8 @@ test-slow: services-up  ## the long suites (every crash point); not part of `mak
 	@$(PY) -m pytest tests -q --seeds $(SEEDS) --durations=25 -m slow
 
 ROUNDS ?= 100
-chaos: services-up  ## the chaos run: ROUNDS kills of tailers, captures, ZooKeeper and MariaDB
-	@DBLOG_CHAOS_ROUNDS=$(ROUNDS) DBLOG_CHAOS_RESULTS=$(CURDIR)/bench/results/chaos.json \
+chaos: services-up  ## the chaos run, per database: ROUNDS kills of tailers, captures, ZooKeeper and MariaDB or PostgreSQL
+	@DBLOG_CHAOS_ROUNDS=$(ROUNDS) DBLOG_CHAOS_RESULTS=$(CURDIR)/bench/results \
 		$(PY) -m pytest tests/integration/test_chaos.py -q -s -p no:cacheprovider
 
 demo: services-up  ## the main job on the embedded default configuration

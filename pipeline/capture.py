@@ -339,8 +339,10 @@ class Capturer:
         ranges: dict[TableId, list[KeyRange]] | None = None,
     ) -> str:
         """Register a capture and its key ranges (default: one open range per table)."""
-        for table in request.tables:
-            self.dialect.table_schema(table)  # refuses unknown tables and tables without a PK
+        ride_out(  # refuses unknown tables and tables without a PK; a restart is waited for
+            lambda: [self.dialect.table_schema(table) for table in request.tables],
+            patience_s=self.options.outage_patience_s,
+            what="the capture was not started: run `dblog capture` again once it is back")
         capture_id = capture_id or uuid.uuid4().hex[:16]
         spec: dict[str, Any] = {
             "keys": [key_to_json(k) for k in request.keys] if request.keys is not None else None,

@@ -62,7 +62,7 @@ def _tail(args: argparse.Namespace) -> int:
                          "merges the mirrors every tail.mirror_every_s)")
     config = _config(args)
     stop = _stop_on_signals()
-    with open_runtime(config) as rt:
+    with open_runtime(config, patience_s=args.wait_for_services) as rt:
 
         def report(b: Any) -> None:
             if b.mirror_only:
@@ -136,7 +136,7 @@ def _capture(args: argparse.Namespace) -> int:
         config.table(t)
     request = plan_request(tables, args.keys, args.where)
     stop = _stop_on_signals()
-    with open_runtime(config) as rt:
+    with open_runtime(config, patience_s=args.wait_for_services) as rt:
         capturer = rt.capturer()
         capture_id = capturer.plan(request)
         print(f"capture {capture_id}: {', '.join(tables)}", flush=True)
@@ -169,7 +169,8 @@ def _set_status(args: argparse.Namespace) -> int:
     config = _config(args)
     table = config.table(args.table).table
     target = {"pause": "paused", "resume": "running", "cancel": "cancelled"}[args.command]
-    with open_runtime(config, validate=args.command == "resume") as rt:
+    with open_runtime(config, validate=args.command == "resume",
+                      patience_s=args.wait_for_services) as rt:
         for found in rt.state.list_captures():
             cap = found.value
             if table not in cap.tables or cap.status in ("done", "cancelled", target):
@@ -196,7 +197,7 @@ def _status(args: argparse.Namespace) -> int:
     from pipeline.status import render_status
 
     config = _config(args)
-    with open_runtime(config, validate=False) as rt:
+    with open_runtime(config, validate=False, patience_s=args.wait_for_services) as rt:
         render_status(rt)
     return 0
 
@@ -207,7 +208,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     config = _config(args)
     tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
-    with open_runtime(config) as rt:
+    with open_runtime(config, patience_s=args.wait_for_services) as rt:
         reports = [verify_table(rt.dialect, rt.sink, t, current=args.current) for t in tables]
     for r in reports:
         print(r.summary())
@@ -257,7 +258,8 @@ def _repair(args: argparse.Namespace) -> int:
               f"{summary['repaired']} repaired in {summary['seconds']:.1f}s", flush=True)
 
     began = time.monotonic()
-    with open_runtime(config) as rt, BackgroundTailer(rt.tailer()) as bg:
+    with (open_runtime(config, patience_s=args.wait_for_services) as rt,
+          BackgroundTailer(rt.tailer()) as bg):
         # Every comparison waits for the tailer to pass the database's snapshot: wait for
         # it once here, so a range's seconds are its own.
         rt.wait_caught_up(bg.check, timeout=600)
@@ -303,7 +305,7 @@ def _maintain(args: argparse.Namespace) -> int:
 
     config = _config(args)
     tables = [config.table(t).table for t in args.tables] if args.tables else config.table_ids
-    with open_runtime(config) as rt:
+    with open_runtime(config, patience_s=args.wait_for_services) as rt:
         try:
             with rt.state.tailer_lock(f"maintain@{socket.gethostname()}", timeout=5.0):
                 pending = pending_chunk_tables(rt.state) if args.vacuum else set()
@@ -323,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", "-c", default=DEFAULT_CONFIG,
                         help=f"YAML configuration (default: {DEFAULT_CONFIG})")
     parser.add_argument("--verbose", "-v", action="store_true")
+    parser.add_argument("--wait-for-services", type=float, default=0.0, metavar="SECONDS",
+                        help="at start, try the source and ZooKeeper again for up to SECONDS "
+                             "while they cannot be reached (services still starting, as "
+                             "under a supervisor that restarts everything); default: fail "
+                             "at once")
     sub = parser.add_subparsers(dest="command", required=True)
 
     svc = sub.add_parser("services", help="local MariaDB, PostgreSQL and ZooKeeper on loopback")

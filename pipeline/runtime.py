@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.capture import CaptureOptions, Capturer
 from pipeline.config import PipelineConfig, TailConfig
@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError, DblogError
 from pipeline.events import TableId
 from pipeline.heal import Healer
 from pipeline.lake.layout import LakeLayout
+from pipeline.outage import ride_out
 from pipeline.state import StateStore, StateUnavailable
 from pipeline.tailer import MIRROR_DOC, Tailer, TailOptions
 from pipeline.throttle import RowRate
@@ -187,23 +188,47 @@ class Runtime:
         self.dialect.close()
 
 
+T = TypeVar("T")
+STARTUP_OUTAGE_S = 120.0
+"""How long a source that answered at start-up and then went away (a restart) is waited for
+while the start-up reads the tables' schemas."""
+_UNREACHABLE = "check that the service runs and the config's host and port"
+
+
+def _patiently(call: Callable[[], T], patience_s: float) -> T:
+    """``call()``; with a patience, called again while its service cannot be reached."""
+    if patience_s <= 0:
+        return call()
+    return ride_out(call, patience_s=patience_s, what=_UNREACHABLE)
+
+
+def _read_schemas(dialect: SourceDialect, config: PipelineConfig) -> None:
+    dialect.ensure_watermark_table()
+    for table in config.table_ids:
+        dialect.table_schema(table)
+
+
 @contextmanager
 def open_runtime(
     config: PipelineConfig, *, spark: SparkSession | None = None, validate: bool = True,
-    spark_factory: Callable[[], SparkSession] | None = None,
+    spark_factory: Callable[[], SparkSession] | None = None, patience_s: float = 0.0,
 ) -> Iterator[Runtime]:
-    """Connect the source and ZooKeeper; closes connections (not Spark) on exit."""
+    """Connect the source and ZooKeeper; closes connections (not Spark) on exit.
+
+    ``patience_s``: how long a first contact with a service that cannot be reached is tried
+    again (services still starting); 0 fails at once (a wrong host or port says so without
+    a wait). Once the source answered, an outage during the rest of the start-up (it
+    restarting) is ridden out like one later on."""
     dialect = make_dialect(config)
     try:
         if validate:
-            dialect.validate()
-            dialect.ensure_watermark_table()
-            for table in config.table_ids:
-                dialect.table_schema(table)
-        state = StateStore.connect(config.zookeeper_hosts, config.source.name,
-                                   chroot=config.zookeeper_root,
+            _patiently(dialect.validate, patience_s)
+            ride_out(partial(_read_schemas, dialect, config), patience_s=STARTUP_OUTAGE_S,
+                     what=_UNREACHABLE)
+        state = _patiently(partial(StateStore.connect, config.zookeeper_hosts,
+                                   config.source.name, chroot=config.zookeeper_root,
                                    timeout=config.zookeeper_session_timeout_s,
-                                   auth=config.zookeeper_auth)
+                                   auth=config.zookeeper_auth), patience_s)
     except BaseException:
         dialect.close()
         raise

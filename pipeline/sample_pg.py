@@ -4,6 +4,7 @@ as in :mod:`pipeline.sample` for MariaDB."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -93,10 +94,14 @@ class PgWorkload:
     reserve_every: int = 10
     append_ratio: float = 0.0
     """Share of statements that append a row after the largest key."""
+    survive_outages: bool = False
+    """When true, a writer whose connection is lost (the server restarting) reconnects and
+    goes on; a transaction that was in flight may or may not have committed."""
     touched: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
     """Every key a committed transaction's statement aimed at (changed or not)."""
     history: ChangeHistory = field(default_factory=ChangeHistory)
     ops: int = 0
+    outages: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _errors: list[BaseException] = field(default_factory=list)
@@ -123,37 +128,69 @@ class PgWorkload:
 
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
-        conn = pg_connect(self.ep, autocommit=False)
+        conn: Any = None
         try:
             while not self._stop.is_set():
-                keys: list[tuple[str, tuple[Any, ...]]] = []
-                changes: list[Change] = []
+                if conn is None:
+                    conn = self._connect()
+                    if conn is None:
+                        continue
                 try:
-                    with conn.cursor() as cur:
-                        for _ in range(rng.choice([1, 1, 1, 2, 3])):
-                            keys += self._statement(cur, rng, changes)
-                    if rng.random() < 0.1:
-                        conn.rollback()
-                        keys = []
-                    else:
-                        try:
-                            conn.commit()
-                        except BaseException:
-                            self.history.unsure(changes)  # the commit may have happened
-                            raise
-                        self.history.committed(changes)
-                except (psycopg2.errors.DeadlockDetected,
-                        psycopg2.errors.UniqueViolation):
-                    conn.rollback()
-                    keys = []
-                with self._lock:
-                    self.touched.update(keys)
-                    self.ops += 1
+                    self._transaction(conn, rng)
+                except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                    lost = conn.closed or isinstance(exc, psycopg2.errors.AdminShutdown
+                                                     | psycopg2.errors.CannotConnectNow)
+                    if not (self.survive_outages and lost):
+                        raise
+                    self._lost(conn)
+                    conn = None
+                    continue
                 time.sleep(rng.random() * self.pause_s)
         except BaseException as exc:
             self._errors.append(exc)
         finally:
+            if conn is not None:
+                conn.close()
+
+    def _connect(self) -> Any:
+        try:
+            return pg_connect(self.ep, autocommit=False)
+        except psycopg2.OperationalError:
+            if not self.survive_outages:
+                raise
+            time.sleep(0.5)  # the server is restarting
+            return None
+
+    def _lost(self, conn: Any) -> None:
+        with self._lock:
+            self.outages += 1
+        with contextlib.suppress(Exception):
             conn.close()
+        time.sleep(0.2)
+
+    def _transaction(self, conn: Any, rng: random.Random) -> None:
+        keys: list[tuple[str, tuple[Any, ...]]] = []
+        changes: list[Change] = []
+        try:
+            with conn.cursor() as cur:
+                for _ in range(rng.choice([1, 1, 1, 2, 3])):
+                    keys += self._statement(cur, rng, changes)
+            if rng.random() < 0.1:
+                conn.rollback()
+                keys = []
+            else:
+                try:
+                    conn.commit()
+                except BaseException:
+                    self.history.unsure(changes)  # the commit may have happened
+                    raise
+                self.history.committed(changes)
+        except (psycopg2.errors.DeadlockDetected, psycopg2.errors.UniqueViolation):
+            conn.rollback()
+            keys = []
+        with self._lock:
+            self.touched.update(keys)
+            self.ops += 1
 
     def _written(self, cur: Any, changes: list[Change], table: str,
                  key: tuple[Any, ...]) -> None:

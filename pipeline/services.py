@@ -416,7 +416,13 @@ class Postgres(Service):
             )
 
     def _stop(self, pid: int) -> None:
-        self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])
+        self.stop_now("fast")
+
+    def stop_now(self, mode: str) -> None:
+        """``pg_ctl stop -m MODE``: ``fast`` (clients disconnected, a checkpoint) or
+        ``immediate`` (no checkpoint: the next start recovers from the WAL, as after a
+        crash)."""
+        self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"])
 
 
 class ZooKeeper(Service):

@@ -1,8 +1,9 @@
 """The chaos run: writers, a ``dblog capture`` and two ``dblog tail`` processes, as on three
-hosts; each round kills one thing at a random moment (a tailer, the capture, ZooKeeper,
-MariaDB) and starts it again. The judgement (mirror == source, replay == source, no
-duplicates, no key back in position) is the caller's; this module only makes the chaos and
-keeps its record."""
+hosts; each round kills one thing at a random moment (a tailer, the capture, ZooKeeper, the
+source database: MariaDB or PostgreSQL) and starts it again. The judgement (mirror ==
+source, replay == source, no duplicates, no key back in position) is the caller's; this
+module only makes the chaos and keeps its record. Every process is started as under a
+supervisor that restarts services and processes together (``--wait-for-services``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 from pipeline import services as local
 from pipeline.state import StateUnavailable
 
-KINDS = ("tailer", "capture", "zookeeper", "mariadb")
+KINDS = ("tailer", "capture", "zookeeper", "database")
 
 
 @dataclass
@@ -75,6 +76,8 @@ class Chaos:
     """The processes of one chaos run and what happened to them."""
 
     config: Path
+    database: str
+    """The source's kind: ``mariadb`` or ``postgres``."""
     tables: list[str]
     workdir: Path
     env: dict[str, str]
@@ -97,7 +100,7 @@ class Chaos:
 
     def _process(self, role: str, argv: list[str]) -> Process:
         self.started += 1
-        return Process(role, ["-c", str(self.config), *argv],
+        return Process(role, ["-c", str(self.config), "--wait-for-services", "120", *argv],
                        self.workdir / f"{self.started:03d}-{role}.log", self.env)
 
     def wait_tails_ready(self, timeout: float = 180) -> None:
@@ -155,10 +158,19 @@ class Chaos:
         zk.up()
         return f"SIGKILL ZooKeeper, started again {down:.1f}s later"
 
-    def _kill_mariadb(self) -> str:
+    def _kill_database(self) -> str:
+        down = self.rng.uniform(0, 4)
+        if self.database == "postgres":
+            pg = local.Postgres(local.dblog_home(), local.endpoints())
+            # A fast shutdown (clients told, a checkpoint) or an immediate one (a crash:
+            # recovery from the WAL at the next start).
+            mode = self.rng.choice(["fast", "immediate"])
+            pg.stop_now(mode)
+            time.sleep(down)
+            pg.up()
+            return f"PostgreSQL stopped ({mode}), started again {down:.1f}s later"
         db = local.MariaDB(local.dblog_home(), local.endpoints())
         db.down()
-        down = self.rng.uniform(0, 4)
         time.sleep(down)
         db.up()
         return f"MariaDB restarted (down {down:.1f}s)"
