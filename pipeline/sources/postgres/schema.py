@@ -51,6 +51,11 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
     a primary key, or (``need_full_identity``) one without ``REPLICA IDENTITY FULL``."""
     rows = table_rows(conn, table)
     if not rows:
+        kind = _relation_kind(conn, table)
+        if kind is not None:
+            raise SourceError(
+                f"{table} is a {kind}, not a table: only tables have row changes in the "
+                "logical log (track the tables it reads or feeds instead)")
         raise SourceError(f"table {table} not found on the source (schema.table, names are "
                           "case-sensitive)")
     if rows[0][9] != "p":
@@ -76,6 +81,20 @@ def load_table_schema(conn: Any, table: TableId, *, need_full_identity: bool = T
     if need_full_identity:
         refuse_partitions_without_full_identity(conn, table, int(rows[0][0]))
     return TableSchema(table, columns, key)
+
+
+_KINDS = {"S": "sequence", "v": "view", "m": "materialized view", "f": "foreign table",
+          "i": "index", "I": "partitioned index", "c": "composite type", "t": "TOAST table"}
+
+
+def _relation_kind(conn: Any, table: TableId) -> str | None:
+    """What ``table`` names when it is no table (a sequence, a view...), else None."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                    "c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                    (table.database, table.table))
+        found = cur.fetchone()
+    return None if found is None else _KINDS.get(str(found[0]), f"relation of kind {found[0]}")
 
 
 def refuse_partitions_without_full_identity(conn: Any, table: TableId, oid: int) -> None:

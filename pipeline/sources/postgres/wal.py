@@ -46,7 +46,7 @@ from pipeline.errors import (
     SourceError,
     SourceUnavailable,
 )
-from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent
+from pipeline.events import ChangeEvent, Key, Op, Position, TableId, WatermarkEvent
 from pipeline.sources.base import (
     Column,
     LogItem,
@@ -109,6 +109,13 @@ class _Plan:
     watermark: bool
     resets: bool = False
     """The rows are resets of tables (:mod:`pipeline.sources.postgres.publication`)."""
+    partial: str | None = None
+    """Why the log's old images of this table are incomplete (its REPLICA IDENTITY was
+    changed from FULL after dblog started): its updates and deletes are then healed key by
+    key instead of written."""
+    keyless_old: bool = False
+    """REPLICA IDENTITY NOTHING or USING INDEX: the old primary key may not be logged (a
+    delete, a key change): the whole table is read again instead."""
 
 
 KEY_AND_NULLS_SQL = """
@@ -388,6 +395,7 @@ class PostgresLogReader:
             columns.append(Column(col.name, spark, not not_null,
                                   source_type_name(col.type_oid, col.typmod)))
             converters.append(converter(spark))
+        partial = None
         ranked = sorted((at, name) for name, (_, at) in facts.items() if at > 0)
         key = tuple(name for _, name in ranked)
         names = [c.name for c in msg.columns]
@@ -396,10 +404,13 @@ class PostgresLogReader:
                 raise SourceError(f"table {table} has no primary key: dblog needs one to "
                                   "capture it (add a primary key)")
             if msg.replica_identity != "f":
-                raise SourceError(
-                    f"table {table} has REPLICA IDENTITY {_IDENTITY.get(msg.replica_identity)}:"
-                    " dblog needs full before images (and unchanged TOASTed values) from the "
-                    f"log; run ALTER TABLE {table} REPLICA IDENTITY FULL")
+                # Refused at start (schema.py); changed since, the log holds no full old
+                # rows (nor unchanged TOASTed values) until it is FULL again.
+                partial = (
+                    f"REPLICA IDENTITY of {table} changed to "
+                    f"{_IDENTITY.get(msg.replica_identity)}: its updates and deletes carry no "
+                    "full old rows, so their keys are read again from the table; run ALTER "
+                    f"TABLE {table} REPLICA IDENTITY FULL")
             refuse_array_keys(table, tuple(columns), key)
             missing = [k for k in key if k not in names]
             if missing:
@@ -411,7 +422,8 @@ class PostgresLogReader:
                                             False, _rewrites(previous, schema)))
         self._known[table] = schema
         self._plans[msg.oid] = _Plan(table, schema, tuple(converters),
-                                     tuple(names.index(k) for k in key), watermark)
+                                     tuple(names.index(k) for k in key), watermark,
+                                     partial=partial, keyless_old=msg.replica_identity in "ni")
 
     def _decode(self, plan: _Plan, row: po.Tuple, fill: dict[str, Any] | None
                 ) -> dict[str, Any]:
@@ -466,6 +478,9 @@ class PostgresLogReader:
             key = tuple(after[k] for k in plan.schema.key)
             self._items.append(ChangeEvent(table, Op.CREATE, key, self._next(), None, after, ts))
             return
+        if plan.partial is not None:
+            self._heal_keys(plan, msg)
+            return
         if isinstance(msg, po.Delete):
             if msg.old_is_key:
                 raise SourceError(f"a delete of {table} carries only its key: run ALTER TABLE "
@@ -489,6 +504,41 @@ class PostgresLogReader:
                                            None, ts))
             self._items.append(ChangeEvent(table, Op.CREATE, new_key, self._next(), None,
                                            after, ts))
+
+    def _heal_keys(self, plan: _Plan, msg: po.Update | po.Delete) -> None:
+        """An update or delete without a full old row. A delete's key is all it needs: it
+        is written as a delete (its before image holds NULL in the columns the log lacks).
+        An update's new row may lack unchanged TOASTed values: its key is read again from
+        the table (an unlogged change, healed), and an update that moved its key deletes
+        the old one. Without the old key (REPLICA IDENTITY NOTHING or USING INDEX), the
+        whole table is read again."""
+        assert plan.partial is not None
+        table, ts = plan.table, self._ts_ms
+        if plan.keyless_old:
+            self._items.append(UnloggedChange(table, self._next(), plan.partial))
+            return
+        old = msg.old
+        new_key = None if isinstance(msg, po.Delete) else self._key(plan, msg.new)
+        if old is not None:
+            before = self._decode(plan, old, None)
+            old_key = self._key(plan, old)
+            if old_key != new_key:
+                self._items.append(ChangeEvent(table, Op.DELETE, old_key, self._next(),
+                                               before, None, ts))
+        if new_key is not None:
+            self._items.append(UnloggedChange(table, self._next(), plan.partial, (new_key,)))
+
+    def _key(self, plan: _Plan, row: po.Tuple) -> Key:
+        values = []
+        for at in plan.key_index:
+            value, conv = row[at], plan.converters[at]
+            name = plan.schema.columns[at].name
+            if value is po.UNCHANGED_TOAST or value is None:
+                raise SourceError(f"a change of {plan.table} has no value for its key column "
+                                  f"{name!r} in the log: run ALTER TABLE {plan.table} "
+                                  "REPLICA IDENTITY FULL, then `dblog capture` the table")
+            values.append(conv(str(value)) if conv is not None else value)
+        return tuple(values)
 
     def _on_reset(self, plan: _Plan, msg: po.Insert | po.Update | po.Delete) -> None:
         """A configured table's relation changed: its lake table is emptied here and a
