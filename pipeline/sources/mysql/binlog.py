@@ -28,6 +28,7 @@ from typing import Any
 import pymysql
 from pymysqlreplication.constants import NONE_SOURCE
 from pymysqlreplication.event import (
+    ExecuteLoadQueryEvent,
     FormatDescriptionEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
@@ -73,7 +74,7 @@ from pipeline.sources.mysql.types import Converter, binlog_converter, from_binlo
 ONLY_EVENTS = [
     QueryEvent, XidEvent, RotateEvent, FormatDescriptionEvent, TableMapEvent, WriteRowsEvent,
     UpdateRowsEvent, DeleteRowsEvent, MariadbGtidEvent, HeartbeatLogEvent, StopEvent,
-    XAPrepareEvent, NotImplementedEvent, PartialUpdateRowsEvent,
+    XAPrepareEvent, NotImplementedEvent, PartialUpdateRowsEvent, ExecuteLoadQueryEvent,
 ]
 UNREADABLE_EVENTS = {
     **{code: "a compressed binlog event: set log_bin_compress=OFF on the server"
@@ -472,6 +473,8 @@ class MySqlLogReader:
             return None
         if isinstance(event, QueryEvent):
             return self._on_query(event)
+        if isinstance(event, ExecuteLoadQueryEvent):
+            return self._on_load_query(event)
         if isinstance(event, RotateEvent):
             moved = event.next_binlog != self._file
             self._file = event.next_binlog
@@ -701,6 +704,19 @@ class MySqlLogReader:
             self._reset_transaction()
             return None
         default_db = event.schema.decode("utf-8", "replace") if event.schema else ""
+        self._take_statement(query, default_db, int(event.packet.log_pos))
+        if self._in_txn and not self._standalone:
+            return None
+        return self._commit(int(event.packet.log_pos), event.timestamp)
+
+    def _on_load_query(self, event: Any) -> Transaction | None:
+        """A LOAD DATA logged as its statement (binlog_format=STATEMENT, or MIXED): the
+        rows it loaded are in no row event. mysql-replication reads the event's fixed
+        fields; its default database and statement text follow, as in a Query event."""
+        rest = event.packet.read(event.event_size - 26)  # after the 26-byte post-header
+        at = int(event.status_vars_length)
+        default_db = rest[at:at + int(event.schema_length)].decode("utf-8", "replace")
+        query = rest[at + int(event.schema_length) + 1:].decode("utf-8", "replace")
         self._take_statement(query, default_db, int(event.packet.log_pos))
         if self._in_txn and not self._standalone:
             return None
