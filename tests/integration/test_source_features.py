@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
+from pipeline.errors import SourceError
 from pipeline.events import TableId
+from pipeline.lake.sink import SchemaEvolutionError
 from pipeline.services import Endpoints
 from tests.integration.features import (
     capture,
@@ -235,6 +238,113 @@ def test_mariadb_minimal_row_images_are_not_misread(
         assert_lake_is_source(maria, spark, rt, db, {"a": ("id",)})
 
 
+def load_file(rows: list[str]) -> str:
+    """A CSV file the MariaDB server can read (``LOAD DATA INFILE`` reads on its host)."""
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="dblog-load-", suffix=".csv")
+    with os.fdopen(fd, "w") as out:
+        out.write("".join(f"{row}\n" for row in rows))
+    os.chmod(path, 0o644)
+    return path
+
+
+def test_mariadb_triggers_generated_columns_upserts_and_load_data_are_logged_rows(
+    maria: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """In ROW format, rows a trigger writes, VIRTUAL and STORED generated columns (full
+    row images carry their values), REPLACE (a delete and an insert, or an update),
+    INSERT ... ON DUPLICATE KEY UPDATE, LOAD DATA (plain and REPLACE) and TRUNCATE are all
+    logged as row events (a TRUNCATE as its statement, a table reset): handled exactly."""
+    db = new_schema(
+        maria,
+        "CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE {db}.audit (n INT AUTO_INCREMENT PRIMARY KEY, tid INT, v INT)",
+        "CREATE TRIGGER {db}.noted AFTER UPDATE ON {db}.t FOR EACH ROW"
+        " INSERT INTO {db}.audit (tid, v) VALUES (NEW.id, NEW.v)",
+        "CREATE TABLE {db}.g (id INT PRIMARY KEY, a INT, v INT AS (a * 2) VIRTUAL,"
+        " s VARCHAR(20) AS (CONCAT('s', a)) STORED)",
+        "CREATE TABLE {db}.u (id INT PRIMARY KEY, v VARCHAR(10), n INT DEFAULT 0)",
+        "INSERT INTO {db}.t VALUES (1, 1), (2, 2)",
+        "INSERT INTO {db}.g (id, a) VALUES (1, 1), (2, 2), (3, 3)",
+        "INSERT INTO {db}.u (id, v) VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')",
+    )
+    tracked = {"audit": ("n",), "g": ("id",), "u": ("id",)}
+    first = load_file(["10,x,1", "11,y,2"])
+    again = load_file(["11,yy,3", "12,z,4"])
+    try:
+        with feature_pipeline(maria, tmp_path, spark, db, list(tracked)) as rt:
+            capture(rt, *(TableId(db, t) for t in tracked))
+            run(maria, db, "UPDATE {db}.t SET v = v * 10",
+                "UPDATE {db}.g SET a = 7 WHERE id = 1", "DELETE FROM {db}.g WHERE id = 2",
+                "REPLACE INTO {db}.u (id, v) VALUES (1, 'A'), (5, 'e')",
+                "INSERT INTO {db}.u (id, v) VALUES (2, 'B'), (6, 'f')"
+                " ON DUPLICATE KEY UPDATE v = VALUES(v), n = n + 1",
+                f"LOAD DATA INFILE '{first}' INTO TABLE {{db}}.u FIELDS TERMINATED BY ','",
+                f"LOAD DATA INFILE '{again}' REPLACE INTO TABLE {{db}}.u"
+                " FIELDS TERMINATED BY ','")
+            tail_until_caught_up(rt)
+            assert_lake_is_source(maria, spark, rt, db, tracked)
+            run(maria, db, "TRUNCATE TABLE {db}.u", "INSERT INTO {db}.u (id, v) VALUES (9, 'i')")
+            tail_until_caught_up(rt)
+            assert_lake_is_source(maria, spark, rt, db, tracked)
+    finally:
+        Path(first).unlink()
+        Path(again).unlink()
+
+
+def test_mariadb_partition_maintenance_and_ddl_that_fills_rows_heal_the_table(
+    maria: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """TRUNCATE, DROP and EXCHANGE PARTITION change rows without row events (REORGANIZE
+    moves them unchanged); ADD COLUMN with a DEFAULT, an AUTO_INCREMENT or a STORED
+    generated column fills every row, MODIFY converts values (to a type the lake widens
+    to); a LOAD DATA in a STATEMENT session logs its statement. Each heals the table it
+    reached. A type change the lake cannot follow stops the tailer with the column."""
+    db = new_schema(
+        maria,
+        "CREATE TABLE {db}.m (id INT PRIMARY KEY, v VARCHAR(10)) PARTITION BY RANGE (id) ("
+        " PARTITION p0 VALUES LESS THAN (100), PARTITION p1 VALUES LESS THAN (200),"
+        " PARTITION p2 VALUES LESS THAN (300), PARTITION p3 VALUES LESS THAN MAXVALUE)",
+        "CREATE TABLE {db}.x (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE {db}.a (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE {db}.l (id INT PRIMARY KEY, v VARCHAR(10))",
+        "INSERT INTO {db}.m VALUES (1, 'a'), (2, 'b'), (101, 'c'), (201, 'd'), (301, 'e'),"
+        " (401, 'f')",
+        "INSERT INTO {db}.x VALUES (250, 'x'), (251, 'y')",
+        "INSERT INTO {db}.a VALUES (1, 1), (2, 2), (3, 3)",
+        "INSERT INTO {db}.l VALUES (1, 'a')",
+    )
+    tracked = {"m": ("id",), "x": ("id",), "a": ("id",), "l": ("id",)}
+    loaded = load_file(["2,b", "3,c"])
+    try:
+        with feature_pipeline(maria, tmp_path, spark, db, list(tracked)) as rt:
+            capture(rt, *(TableId(db, t) for t in tracked))
+            run(maria, db, "ALTER TABLE {db}.m TRUNCATE PARTITION p0",
+                "ALTER TABLE {db}.m DROP PARTITION p1",
+                "ALTER TABLE {db}.m EXCHANGE PARTITION p2 WITH TABLE {db}.x",
+                "ALTER TABLE {db}.m REORGANIZE PARTITION p3 INTO (PARTITION p3 VALUES LESS"
+                " THAN (400), PARTITION p4 VALUES LESS THAN MAXVALUE)",
+                "ALTER TABLE {db}.a ADD COLUMN d INT DEFAULT 5",
+                "ALTER TABLE {db}.a ADD COLUMN seq INT NOT NULL AUTO_INCREMENT UNIQUE",
+                "ALTER TABLE {db}.a ADD COLUMN st INT AS (id * 3) STORED",
+                "ALTER TABLE {db}.a MODIFY v BIGINT",  # widened in the lake
+                "UPDATE {db}.a SET v = v * 10000000000 WHERE id = 1",
+                "SET SESSION binlog_format = STATEMENT",
+                f"LOAD DATA INFILE '{loaded}' INTO TABLE {{db}}.l FIELDS TERMINATED BY ','")
+            tail_until_caught_up(rt)
+            assert_lake_is_source(maria, spark, rt, db, tracked)
+            # A type change Delta cannot follow stops the tailer before it writes the
+            # change, naming the column and both types.
+            run(maria, db, "ALTER TABLE {db}.a MODIFY v VARCHAR(30)")
+            with pytest.raises(SchemaEvolutionError, match=r"a\.v changed type from BIGINT"
+                               " to STRING, which Delta cannot widen"):
+                tail_until_caught_up(rt)
+    finally:
+        Path(loaded).unlink()
+
+
 # ---- PostgreSQL --------------------------------------------------------------------------
 
 
@@ -317,3 +427,105 @@ def test_postgres_ddl_that_fills_or_rewrites_rows_heals_the_table(
         tail_until_caught_up(rt)
         assert_lake_is_source(pg, spark, rt, db, {"a": ("id",)})
 
+
+
+def test_postgres_cascades_triggers_truncate_cascade_and_replica_role_are_logged_rows(
+    pg: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """PostgreSQL runs foreign-key actions (CASCADE, SET NULL, SET DEFAULT, on delete and
+    on update) and triggers as ordinary row changes, each logged, the parent tracked or
+    not; TRUNCATE ... CASCADE logs a truncate of every table it empties;
+    session_replication_role = replica disables FK actions and triggers, and the log holds
+    just what was done. All handled exactly."""
+    db = new_schema(
+        pg,
+        "CREATE TABLE {db}.p (id int PRIMARY KEY, code text UNIQUE)",
+        "CREATE TABLE {db}.c (id int PRIMARY KEY,"
+        " del int REFERENCES {db}.p (id) ON DELETE CASCADE ON UPDATE CASCADE,"
+        " nul int REFERENCES {db}.p (id) ON DELETE SET NULL ON UPDATE SET NULL,"
+        " def int DEFAULT 0 REFERENCES {db}.p (id) ON DELETE SET DEFAULT,"
+        " code text REFERENCES {db}.p (code) ON UPDATE CASCADE)",
+        "CREATE TABLE {db}.audit (n serial PRIMARY KEY, pid int, code text)",
+        "CREATE FUNCTION {db}.note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO {db}.audit (pid, code) VALUES (NEW.id, NEW.code); RETURN NEW; END $$",
+        "CREATE TRIGGER noted AFTER UPDATE ON {db}.p FOR EACH ROW EXECUTE FUNCTION {db}.note()",
+        "CREATE TABLE {db}.tc (id int PRIMARY KEY, pid int REFERENCES {db}.p (id))",
+        *(f"ALTER TABLE {{db}}.{t} REPLICA IDENTITY FULL" for t in ("c", "audit", "tc")),
+        "INSERT INTO {db}.p VALUES (0, 'z'), (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e')",
+        "INSERT INTO {db}.c VALUES (10, 1, 0, 0, 'z'), (11, 3, 3, 0, 'b'), (12, 2, 1, 4, 'z'),"
+        " (13, 2, 4, 2, 'b'), (14, 5, 0, 0, 'z')",
+        "INSERT INTO {db}.tc VALUES (1, 1), (2, 2)",
+    )
+    tracked = {"c": ("id",), "audit": ("n",), "tc": ("id",)}
+    with feature_pipeline(pg, tmp_path, spark, db, list(tracked)) as rt:
+        capture(rt, *(TableId(db, t) for t in tracked))
+        run(pg, db, "TRUNCATE {db}.p, {db}.tc CASCADE",  # empties c too
+            "INSERT INTO {db}.p VALUES (0, 'z'), (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'),"
+            " (5, 'e')",
+            "INSERT INTO {db}.c VALUES (10, 1, 0, 0, 'z'), (11, 3, 3, 0, 'b'),"
+            " (12, 2, 1, 4, 'z'), (13, 2, 4, 2, 'b'), (14, 5, 0, 0, 'z')",
+            "DELETE FROM {db}.p WHERE id = 1",  # 10 deleted, 12's nul set NULL
+            "UPDATE {db}.p SET id = 33 WHERE id = 3",  # 11's del follows, its nul NULL
+            "UPDATE {db}.p SET code = 'bb' WHERE id = 2",  # 11's and 13's code follow
+            "DELETE FROM {db}.p WHERE id = 4",  # 12's def back to 0, 13's nul NULL
+            "SET session_replication_role = replica",
+            "DELETE FROM {db}.p WHERE id = 5",  # no cascade: 14 keeps its parent
+            "UPDATE {db}.p SET code = 'zz' WHERE id = 0",  # no trigger, no cascade
+            "RESET session_replication_role")
+        tail_until_caught_up(rt)
+        rows = pg.rows(db, "c", ("id",))
+        assert (10,) not in rows and rows[(14,)]["del"] == 5
+        assert len(pg.rows(db, "audit", ("n",))) == 2  # the role really bypassed them
+        assert_lake_is_source(pg, spark, rt, db, tracked)
+
+
+def test_postgres_replica_identity_changed_from_full_heals_the_changed_keys(
+    pg: SourceKit, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Refused at start; changed to DEFAULT while the tailer runs, the log's updates and
+    deletes carry no old rows (nor unchanged TOASTed values): their keys are captured again
+    (with a notice) until it is FULL again, then rows are read from the log as before."""
+    db = new_schema(pg, "CREATE TABLE {db}.r (id int PRIMARY KEY, v int, doc text)",
+                    "ALTER TABLE {db}.r ALTER COLUMN doc SET STORAGE EXTERNAL",
+                    "ALTER TABLE {db}.r REPLICA IDENTITY FULL",
+                    "INSERT INTO {db}.r SELECT i, i, repeat(i::text, 20000)"
+                    " FROM generate_series(1, 6) i")
+    # doc is TOASTed: an update that leaves it alone logs no value for it
+    with feature_pipeline(pg, tmp_path, spark, db, ["r"]) as rt:
+        table = TableId(db, "r")
+        capture(rt, table)
+        run(pg, db, "ALTER TABLE {db}.r REPLICA IDENTITY DEFAULT",
+            "UPDATE {db}.r SET v = 10 WHERE id = 1",  # doc unchanged: not in the log
+            "DELETE FROM {db}.r WHERE id = 2",  # the key only
+            "UPDATE {db}.r SET id = 30 WHERE id = 3",  # old key, new row
+            "INSERT INTO {db}.r VALUES (7, 7, repeat('y', 20000))",  # inserts are whole
+            "ALTER TABLE {db}.r REPLICA IDENTITY FULL",
+            "UPDATE {db}.r SET v = 40 WHERE id = 4")
+        tail_until_caught_up(rt)
+        assert_lake_is_source(pg, spark, rt, db, {"r": ("id",)})
+        with pytest.raises(SourceError, match="REPLICA IDENTITY FULL"):
+            run(pg, db, "ALTER TABLE {db}.r REPLICA IDENTITY DEFAULT")
+            rt.dialect.table_schema(table)
+
+
+def test_postgres_sequences_views_and_unlogged_tables_are_refused_at_start(
+    pg: SourceKit, tmp_path: Path
+) -> None:
+    """Their changes are not in the logical log: a config naming one stops at start with
+    what it is and what to do."""
+    from pipeline.config import load_config
+    from pipeline.runtime import open_runtime
+
+    db = new_schema(pg, "CREATE TABLE {db}.t (id int PRIMARY KEY)",
+                    "CREATE SEQUENCE {db}.s", "CREATE VIEW {db}.v AS SELECT id FROM {db}.t",
+                    "CREATE UNLOGGED TABLE {db}.u (id int PRIMARY KEY)")
+    try:
+        for name, says in (("s", "is a sequence"), ("v", "is a view"), ("u", "UNLOGGED")):
+            data = pg.config_data(source=f"refused-{uuid.uuid4().hex[:6]}", db=db,
+                                  lake=tmp_path / "lake", tables=[f"{db}.{name}"])
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(data))
+            with pytest.raises(SourceError, match=says), open_runtime(load_config(path)):
+                pass
+    finally:
+        pg.drop(db)
