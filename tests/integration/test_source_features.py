@@ -345,6 +345,28 @@ def test_mariadb_partition_maintenance_and_ddl_that_fills_rows_heal_the_table(
         Path(loaded).unlink()
 
 
+def test_mariadb_sequences_and_views_are_refused_at_start(
+    maria: SourceKit, tmp_path: Path
+) -> None:
+    """A sequence's next values and a view's rows are in no row event of their own: a
+    config naming one stops at start with what it is."""
+    from pipeline.config import load_config
+    from pipeline.runtime import open_runtime
+
+    db = new_schema(maria, "CREATE TABLE {db}.t (id INT PRIMARY KEY)",
+                    "CREATE SEQUENCE {db}.s", "CREATE VIEW {db}.v AS SELECT id FROM {db}.t")
+    try:
+        for name, says in (("s", "is a sequence, not a table"), ("v", "is a view, not a table")):
+            data = maria.config_data(source=f"refused-{uuid.uuid4().hex[:6]}", db=db,
+                                     lake=tmp_path / "lake", tables=[f"{db}.{name}"])
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(data))
+            with pytest.raises(SourceError, match=says), open_runtime(load_config(path)):
+                pass
+    finally:
+        maria.drop(db)
+
+
 # ---- PostgreSQL --------------------------------------------------------------------------
 
 
