@@ -27,7 +27,12 @@ from pipeline.events import Key, TableId
 from pipeline.lake.types import quote_ident
 from pipeline.runtime import Runtime
 from pipeline.sources.base import TableSchema, element_type
-from pipeline.sources.checksum import checksum_columns
+from pipeline.sources.checksum import (
+    FLOAT_TYPES,
+    NAN_BITS,
+    NEGATIVE_INFINITY_BITS,
+    POSITIVE_INFINITY_BITS,
+)
 
 WHOLE_TABLE = "whole-table"
 
@@ -61,6 +66,37 @@ def _plain_decimal(col: Column, scale: int) -> Column:
     return F.concat(F.when(col < 0, F.lit("-")).otherwise(F.lit("")), text)
 
 
+def double_bits(x: Column) -> Column:
+    """The IEEE 754 bits of the DOUBLE ``x`` as 16 hex digits (``sources.checksum``).
+
+    Spark has no bit cast in SQL (``java_method`` of ``Double.doubleToLongBits`` is one,
+    but nondeterministic, so no aggregate takes it): the value is taken apart exactly as
+    ``sources.mysql.checksum.double_bits_sql`` does (Java's ``pow`` of integers is exact
+    where the result is representable). A zero is the subnormal case (0 / 2^-1022), and
+    -0.0, equal to 0 and not below it, prints with its sign; NaN and infinities give
+    ``m0`` NaN or infinite. ``m0`` is in the first condition, so Spark computes it once.
+    """
+    a = F.abs(x)
+    e0 = F.least(F.greatest(F.floor(F.log2(F.greatest(a, F.lit(5e-324)))), F.lit(-1022)),
+                 F.lit(1023))
+    m0 = a / F.pow(F.lit(2.0), e0)
+    negative = (x < 0) | ((x == 0) & x.cast("string").startswith("-"))
+
+    def bits(e: Column, m: Column, *, normal: bool) -> Column:
+        whole = F.lit(1) if normal else F.floor(m)
+        field = F.when(negative, F.lit(2048)).otherwise(F.lit(0)) + (e + 1023) * whole
+        fraction = ((m - whole) * F.lit(float(2**52))).cast("bigint")
+        return F.concat(F.lpad(F.hex(field), 3, "0"), F.lpad(F.hex(fraction), 13, "0"))
+
+    return (F.when((m0 >= 2) | F.isnan(m0),
+                   F.when(F.isnan(x), F.lit(NAN_BITS))
+                   .when(x == F.lit(float("inf")), F.lit(POSITIVE_INFINITY_BITS))
+                   .when(x == F.lit(float("-inf")), F.lit(NEGATIVE_INFINITY_BITS))
+                   .otherwise(bits(e0 + 1, m0 / 2, normal=True)))
+            .when((m0 < 1) & (e0 > -1022), bits(e0 - 1, m0 * 2, normal=True))
+            .otherwise(bits(e0, m0, normal=False)))
+
+
 def _text(col: Column, spark_type: str) -> Column:
     element = element_type(spark_type)
     if element is not None:
@@ -71,6 +107,8 @@ def _text(col: Column, spark_type: str) -> Column:
                 F.concat(F.lit("V"), F.length(text).cast("string"), F.lit(":"), text))
 
         return F.concat_ws(",", F.transform(col, piece))
+    if spark_type in FLOAT_TYPES:
+        return double_bits(col.cast("double"))
     if spark_type.startswith("DECIMAL("):
         scale = int(spark_type[:-1].split(",")[1])
         return _plain_decimal(col, scale)
@@ -93,9 +131,10 @@ def row_text(frame: DataFrame, schema: TableSchema) -> Column:
     """The text a mirror row's hash is taken of (``checksum.row_text_sql``)."""
     present = set(frame.columns)
     pieces = []
-    for name in checksum_columns(schema):
+    for column in schema.columns:
+        name = column.name
         col = F.col(quote_ident(name)) if name in present else F.lit(None)
-        text = _text(col, schema.column(name).spark_type)
+        text = _text(col, column.spark_type)
         pieces.append(F.when(col.isNull(), F.lit("N")).otherwise(
             F.concat(F.lit("V"), F.length(text).cast("string"), F.lit(":"), text)))
     return F.concat_ws("|", *pieces) if pieces else F.lit("")

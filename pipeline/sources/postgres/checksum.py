@@ -1,7 +1,9 @@
 """Per-range row count and checksum computed on PostgreSQL, matching
 :func:`pipeline.compare.row_text` over the mirror (see ``sources/mysql/checksum.py`` for
 the row text: ``N`` or ``V<length>:<text>`` per column, ``|``-joined, MD5's first 15 hex
-digits summed)."""
+digits summed). A real or double precision value (an array's elements too) is the hex of
+its IEEE 754 bits, ``float8send`` of the value widened to double precision
+(:mod:`pipeline.sources.checksum`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Sequence
 
 from pipeline.chunking import KeyRange
 from pipeline.sources.base import TableSchema, element_type
-from pipeline.sources.checksum import checksum_columns
+from pipeline.sources.checksum import FLOAT_TYPES, NAN_BITS
 from pipeline.sources.postgres.snapshot import key_bounds_sql
 from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 
@@ -24,6 +26,9 @@ def _text(col_sql: str, spark_type: str, source_type: str) -> str:
                  f"'V' || char_length({element}) || ':' || {element} END")
         return (f"array_to_string(ARRAY(SELECT {piece} FROM unnest({col_sql}) WITH ORDINALITY"  # noqa: S608 - quoted identifiers only
                 " AS _dblog_a(_dblog_e, _dblog_n) ORDER BY _dblog_n), ',')")
+    if spark_type in FLOAT_TYPES:  # NaN = NaN in PostgreSQL, whatever the bits
+        return (f"CASE WHEN {col_sql} = 'NaN' THEN '{NAN_BITS}' "
+                f"ELSE upper(encode(float8send({col_sql}::float8), 'hex')) END")
     if spark_type == "BINARY":
         return f"upper(encode({col_sql}, 'hex'))"
     if spark_type == "TIMESTAMP":
@@ -40,9 +45,8 @@ def _text(col_sql: str, spark_type: str, source_type: str) -> str:
 
 def row_text_sql(schema: TableSchema) -> str:
     pieces = []
-    for name in checksum_columns(schema):
-        col = schema.column(name)
-        ref = quote_ident(name)
+    for col in schema.columns:
+        ref = quote_ident(col.name)
         text = _text(ref, col.spark_type, col.source_type)
         pieces.append(f"CASE WHEN {ref} IS NULL THEN 'N' ELSE "
                       f"'V' || char_length({text}) || ':' || {text} END")
