@@ -10,7 +10,8 @@ of existing ones) as single-row transactions (``single``) or 100-row transaction
   range, every message parsed down to column texts (dblog's own parser; nothing converted
   or written);
 * ``wal2json`` (format 2): the same loop on a wal2json slot, every message ``json.loads``-ed:
-  how the other plugin dblog could use decodes the same range (the plugin choice, README);
+  how the other plugin dblog could use decodes the same range (the plugin choice:
+  docs/operations.md, "PostgreSQL sources");
 * dblog: ``Tailer.run(until_caught_up=True, merge_at_end=False)`` from the position before
   the range, with the product's default tail settings, into Delta; then the mirror merged by
   another run (:func:`bench.bench_tail.dblog_tail`).

@@ -76,7 +76,7 @@ class TailConfig:
     window_expiry_s: float = 1800.0
     maintain_every_s: float = 3600.0
     mirror_every_s: float = 10.0
-    """The mirror merges the changelog's new batches at least this often (see the README)."""
+    """The mirror merges the changelog's new batches at least this often (docs/design.md)."""
     mirror_every_s_behind: float = 60.0
     """...or this often (if longer) while the tailer is behind the log..."""
     mirror_every_s_capturing: float = 60.0

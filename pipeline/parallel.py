@@ -4,7 +4,8 @@ A range spends much of its time waiting: for the tailer's first position, for ea
 window's high watermark and for the commit that emits its chunks. With a few ranges under
 way at once, a capture of many tables (or of many Dagster partitions) overlaps those waits
 where Spark has cores to spare; on two cores, where the capture is CPU-bound, it took about
-the same time (README, Measured). One big range gains nothing and loses nothing.
+the same time (docs/performance-log.md, "2026-11-29, 17:50-18:25"). One big range gains
+nothing and loses nothing.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ hundred times a capture: with the defaults C2 kept compiling its lukewarm method
 after capture (654 methods compiled for the first time in a third 1M-row capture in one
 JVM), 12 CPU-s of a warm capture's ~50 against the plain dump's 2.5. With these, 6-7
 CPU-s, and the rows' own loops, called millions of times, still reach C2 early in a run
-(the tail's rate did not drop: README, 2026-11-26, late night)."""
+(the tail's rate did not drop: docs/performance-log.md, 2026-11-26, late night)."""
 
 
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"

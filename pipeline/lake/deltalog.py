@@ -4,7 +4,7 @@ A capture writes a chunk's changelog files with :meth:`DeltaTxn.write_files` and
 commits them: uncommitted files are invisible to every reader (and VACUUM removes them once
 older than the table's retention). The tailer then commits them, with its own batch's files,
 in one :meth:`DeltaTxn.commit`, so a chunk is written once and emitted by a commit that
-carries no data (see ``README.md``, "Chunks written once").
+carries no data (see ``docs/design.md``, "Chunks written once").
 
 Actions travel between processes as Delta's own JSON (``{"add": {...}}``), the form they take
 in the table's log; the statistics in them are Delta's own as well.

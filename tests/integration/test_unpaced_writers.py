@@ -35,7 +35,8 @@ pytestmark = [
     # the 90 s bound, the capture done in 54-70 s), 20 of the last 25. At slow hours of the
     # machine the delays had risen to 86-125 s, and once, at half speed, kept growing: a
     # failure here is a finding for issue 7, with its figures in the message. The runs'
-    # figures since 2026-11-24: the README ("Tests", "Measured") and this comment's history.
+    # figures since 2026-11-24: docs/testing.md ("make test-slow"), docs/performance.md and
+    # this comment's history.
 ]
 
 ROWS = 3000
