@@ -802,7 +802,11 @@ class DeltaSink:
         if not widens(old_type, new_type):
             raise SchemaEvolutionError(
                 f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}, "
-                "which Delta cannot widen; capture the table into a new lake path"
+                "which Delta cannot widen; nothing of the change was written. To follow it: "
+                f"take {table} out of the config's tables and run `dblog tail` past the "
+                f"change, move its lake tables ({self.layout.changelog(table)}, "
+                f"{self.layout.mirror(table)}) aside, put it back and run `dblog capture "
+                f"{table}`"
             )
         with self.mirror_lock:
             self._alter_types(table, have, new_type)
