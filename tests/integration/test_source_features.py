@@ -301,7 +301,8 @@ def test_mariadb_partition_maintenance_and_ddl_that_fills_rows_heal_the_table(
     moves them unchanged); ADD COLUMN with a DEFAULT, an AUTO_INCREMENT or a STORED
     generated column fills every row, MODIFY converts values (to a type the lake widens
     to); a LOAD DATA in a STATEMENT session logs its statement. Each heals the table it
-    reached. A type change the lake cannot follow stops the tailer with the column."""
+    reached. A type change the lake cannot follow stops the tailer with the column, and
+    the way on it names leads to a lake equal to the source."""
     db = new_schema(
         maria,
         "CREATE TABLE {db}.m (id INT PRIMARY KEY, v VARCHAR(10)) PARTITION BY RANGE (id) ("
@@ -337,12 +338,36 @@ def test_mariadb_partition_maintenance_and_ddl_that_fills_rows_heal_the_table(
             assert_lake_is_source(maria, spark, rt, db, tracked)
             # A type change Delta cannot follow stops the tailer before it writes the
             # change, naming the column and both types.
-            run(maria, db, "ALTER TABLE {db}.a MODIFY v VARCHAR(30)")
+            run(maria, db, "ALTER TABLE {db}.a MODIFY v VARCHAR(30)",
+                "UPDATE {db}.a SET v = 'text' WHERE id = 2")
             with pytest.raises(SchemaEvolutionError, match=r"a\.v changed type from BIGINT"
                                " to STRING, which Delta cannot widen"):
                 tail_until_caught_up(rt)
+            follow_the_way_on(maria, spark, tmp_path, db, TableId(db, "a"), rt)
     finally:
         Path(loaded).unlink()
+
+
+def follow_the_way_on(k: SourceKit, spark: SparkSession, tmp_path: Path, db: str,
+                      table: TableId, rt: Any) -> None:
+    """What the stop says to do: tail past the change without the table, move its lake
+    tables aside, put it back and capture it."""
+    import shutil
+
+    from pipeline.config import load_config
+    from pipeline.runtime import open_runtime
+
+    data = yaml.safe_load((tmp_path / "dblog.yaml").read_text())
+    data["tables"] = [t for t in data["tables"] if t != str(table)]
+    (tmp_path / "without.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    with open_runtime(load_config(tmp_path / "without.yaml"), spark=spark) as without:
+        tail_until_caught_up(without)
+    for path in (rt.layout.changelog(table), rt.layout.mirror(table)):
+        shutil.move(path, f"{path}.aside")
+    with open_runtime(load_config(tmp_path / "dblog.yaml"), spark=spark) as again:
+        capture(again, table)
+        tail_until_caught_up(again)
+        assert_lake_is_source(k, spark, again, db, {table.table: ("id",)})
 
 
 def test_mariadb_sequences_and_views_are_refused_at_start(
