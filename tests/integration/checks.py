@@ -63,7 +63,9 @@ def normalize_rows(rows: dict[tuple[Any, ...], dict[str, Any]]) -> dict[Any, Any
 def changelog_frame(spark: SparkSession, path: str) -> pd.DataFrame:
     """The changelog with each row's Delta commit version (commit order), read through the
     Change Data Feed. Delta refuses CDF reads across a column type change; there the commit
-    order is taken from ``_dblog_batch`` (one append per batch, batches commit in order)."""
+    order is taken from ``_dblog_batch`` (one append per batch, batches commit in order)
+    and the table's history shows it append-only instead (its ``_change_type`` is then
+    ``insert`` because that was checked here)."""
     try:
         df = (spark.read.format("delta").option("readChangeFeed", "true")
               .option("startingVersion", 0).load(path))
@@ -71,11 +73,28 @@ def changelog_frame(spark: SparkSession, path: str) -> pd.DataFrame:
     except Exception as exc:  # noqa: BLE001 - only the schema-change refusal is expected
         if "INCOMPATIBLE_SCHEMA_CHANGE" not in str(exc):
             raise
+        assert_appends_only(spark, path)
         df = spark.read.format("delta").load(path)
         df = df.withColumn("_change_type", F.lit("insert")).withColumn(
             "_commit_version", F.col("_dblog_batch"))
         rows = [r.asDict(recursive=True) for r in df.collect()]
     return pd.DataFrame(rows, columns=df.columns)
+
+
+REWRITING_OPERATIONS = frozenset({"DELETE", "UPDATE", "MERGE", "TRUNCATE", "RESTORE",
+                                  "REPLACE TABLE", "CREATE OR REPLACE TABLE"})
+
+
+def assert_appends_only(spark: SparkSession, path: str) -> None:
+    """No commit of the Delta table at ``path`` removed or rewrote rows: every one is an
+    append, a schema or property change, or a compaction that changes no data."""
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path.replace('`', '``')}`").collect()
+    for commit in history:
+        operation = str(commit["operation"])
+        mode = (commit["operationParameters"] or {}).get("mode", "")
+        overwrite = operation == "WRITE" and mode == "Overwrite"
+        assert operation not in REWRITING_OPERATIONS and not overwrite, \
+            f"changelog must be append-only: version {commit['version']} is {operation} {mode}"
 
 
 def check_table(spark: SparkSession, ep: Any, db: str, table: str, key: tuple[str, ...],
