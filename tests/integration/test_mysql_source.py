@@ -508,7 +508,7 @@ def test_reads_resume_without_loss_and_watermarks_are_events(
             got += reader.read(max_transactions=1, max_wait_s=0.5)
         started = time.monotonic()
         assert reader.read(max_transactions=10, max_wait_s=0.5) == []
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 10, "an idle read did not return after its wait"
     finally:
         reader.close()
     assert [type(t.items[0]).__name__ for t in got] == [

@@ -104,19 +104,24 @@ def test_a_lookout_reads_again_when_its_watch_fired_or_its_interval_passed(
 ) -> None:
     """:class:`Lookout`: the first look is due; then none until another client changes the
     watched znode, or ``every`` seconds passed."""
-    lookout = Lookout(lambda signal: store.watch(["windows/w"], signal), every=1.5)
+    # The interval (30 s) is far beyond the wait: only the watch can end it early, so a
+    # slow machine cannot make this pass or fail by timing.
+    lookout = Lookout(lambda signal: store.watch(["windows/w"], signal), every=30)
     assert lookout.due()
     assert not lookout.due()
     lookout.wait(0.3)
     assert not lookout.due()
     began = time.monotonic()
     store2.put("windows/w", {"status": "emitted"}, None)
-    lookout.wait(5)
-    assert time.monotonic() - began < 1.0
+    lookout.wait(20)
+    assert time.monotonic() - began < 15, "the watch did not fire"
     assert lookout.due()
     assert not lookout.due()
+    ticking = Lookout(lambda signal: store.watch(["windows/w"], signal), every=1.5)
+    assert ticking.due()
+    assert not ticking.due()
     time.sleep(1.6)
-    assert lookout.due()
+    assert ticking.due()  # nothing changed, but the interval passed
 
 
 # ---- round-trips ----------------------------------------------------------------------
@@ -395,7 +400,7 @@ def test_tailer_lock_is_exclusive_between_clients(store: StateStore, store2: Sta
         with pytest.raises(LockHeld, match="tailer-a@host1"):
             with store2.tailer_lock("tailer-b@host2", timeout=0.5):
                 pytest.fail("second client must not get the lock")
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 15  # the 0.5 s timeout, not a wait for the holder
         assert store.lock_holder() == "tailer-a@host1"  # the loser left no contender behind
     with store2.tailer_lock("tailer-b@host2", timeout=2):
         assert store.lock_holder() == "tailer-b@host2"
