@@ -153,8 +153,23 @@ def create_schema(ep: Endpoints, db: str, accounts: int, orders: int, seed: int)
     conn.close()
 
 
+class Reconnecting:
+    """What a writer does with a connection a server restart broke (the writers of both
+    sample schemas): count the outage, close the connection quietly, pause, reconnect."""
+
+    _lock: threading.Lock
+    outages: int
+
+    def _lost(self, conn: Any) -> None:
+        with self._lock:
+            self.outages += 1
+        with contextlib.suppress(Exception):
+            conn.close()
+        time.sleep(0.2)
+
+
 @dataclass
-class Workload:
+class Workload(Reconnecting):
     """Writer threads doing inserts/updates/deletes, multi-row transactions and rollbacks;
     every change they commit is in :attr:`history`."""
 
@@ -244,12 +259,6 @@ class Workload:
             time.sleep(0.5)  # the server is restarting
             return None
 
-    def _lost(self, conn: Any) -> None:
-        with self._lock:
-            self.outages += 1
-        with contextlib.suppress(Exception):
-            conn.close()
-        time.sleep(0.2)
 
     def _transaction(self, conn: Any, rng: random.Random) -> None:
         statements = rng.choice([1, 1, 1, 2, 3, 5])

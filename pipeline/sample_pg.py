@@ -4,7 +4,6 @@ as in :mod:`pipeline.sample` for MariaDB."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import psycopg2
 
 from pipeline.events import TableId
-from pipeline.sample import Change, ChangeHistory, returned_rows
+from pipeline.sample import Change, ChangeHistory, Reconnecting, returned_rows
 from pipeline.services import Endpoints
 from pipeline.sources.postgres.sqltext import quote_ident, quote_table
 
@@ -80,7 +79,7 @@ def pg_source_config(*, source: str, ep: Endpoints, schema: str, lake: Path,
 
 
 @dataclass
-class PgWorkload:
+class PgWorkload(Reconnecting):
     """Writer threads on ``accounts`` (one key, a TOASTed column) and ``orders`` (a
     two-column key): inserts, updates (some leaving the TOASTed value unchanged, some
     changing the key), deletes, delete + re-insert, multi-statement transactions, rollbacks;
@@ -161,12 +160,6 @@ class PgWorkload:
             time.sleep(0.5)  # the server is restarting
             return None
 
-    def _lost(self, conn: Any) -> None:
-        with self._lock:
-            self.outages += 1
-        with contextlib.suppress(Exception):
-            conn.close()
-        time.sleep(0.2)
 
     def _transaction(self, conn: Any, rng: random.Random) -> None:
         keys: list[tuple[str, tuple[Any, ...]]] = []
