@@ -704,10 +704,7 @@ class MySqlLogReader:
             self._reset_transaction()
             return None
         default_db = event.schema.decode("utf-8", "replace") if event.schema else ""
-        self._take_statement(query, default_db, int(event.packet.log_pos))
-        if self._in_txn and not self._standalone:
-            return None
-        return self._commit(int(event.packet.log_pos), event.timestamp)
+        return self._on_statement(event, query, default_db)
 
     def _on_load_query(self, event: Any) -> Transaction | None:
         """A LOAD DATA logged as its statement (binlog_format=STATEMENT, or MIXED): the
@@ -717,6 +714,11 @@ class MySqlLogReader:
         at = int(event.status_vars_length)
         default_db = rest[at:at + int(event.schema_length)].decode("utf-8", "replace")
         query = rest[at + int(event.schema_length) + 1:].decode("utf-8", "replace")
+        return self._on_statement(event, query, default_db)
+
+    def _on_statement(self, event: Any, query: str, default_db: str) -> Transaction | None:
+        """A statement's event (Query or Execute_load_query): what it does is buffered, and
+        outside a transaction it is one of its own."""
         self._take_statement(query, default_db, int(event.packet.log_pos))
         if self._in_txn and not self._standalone:
             return None
