@@ -517,28 +517,27 @@ class PostgresLogReader:
         if plan.keyless_old:
             self._items.append(UnloggedChange(table, self._next(), plan.partial))
             return
-        old = msg.old
-        new_key = None if isinstance(msg, po.Delete) else self._key(plan, msg.new)
-        if old is not None:
-            before = self._decode(plan, old, None)
-            old_key = self._key(plan, old)
+        new_key = None if isinstance(msg, po.Delete) else self._keyed(plan, msg.new)[1]
+        if msg.old is not None:
+            before, old_key = self._keyed(plan, msg.old)
             if old_key != new_key:
                 self._items.append(ChangeEvent(table, Op.DELETE, old_key, self._next(),
                                                before, None, ts))
         if new_key is not None:
             self._items.append(UnloggedChange(table, self._next(), plan.partial, (new_key,)))
 
-    def _key(self, plan: _Plan, row: po.Tuple) -> Key:
-        values = []
-        for at in plan.key_index:
-            value, conv = row[at], plan.converters[at]
-            name = plan.schema.columns[at].name
-            if value is po.UNCHANGED_TOAST or value is None:
-                raise SourceError(f"a change of {plan.table} has no value for its key column "
-                                  f"{name!r} in the log: run ALTER TABLE {plan.table} "
-                                  "REPLICA IDENTITY FULL, then `dblog capture` the table")
-            values.append(conv(str(value)) if conv is not None else value)
-        return tuple(values)
+    def _keyed(self, plan: _Plan, row: po.Tuple) -> tuple[dict[str, Any], Key]:
+        """A partial row (its unchanged TOASTed values, or all but its key, unknown: NULL)
+        and its key, which must be in it."""
+        unknown = dict.fromkeys(c.name for c in plan.schema.columns)
+        values = self._decode(plan, row, unknown)
+        key = tuple(values[k] for k in plan.schema.key)
+        missing = [k for k, v in zip(plan.schema.key, key, strict=True) if v is None]
+        if missing:
+            raise SourceError(f"a change of {plan.table} has no value for its key columns "
+                              f"{missing} in the log: run ALTER TABLE {plan.table} REPLICA "
+                              "IDENTITY FULL, then `dblog capture` the table")
+        return values, key
 
     def _on_reset(self, plan: _Plan, msg: po.Insert | po.Update | po.Delete) -> None:
         """A configured table's relation changed: its lake table is emptied here and a
