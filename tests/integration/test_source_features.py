@@ -80,6 +80,25 @@ def assert_lake_is_source(k: SourceKit, spark: SparkSession, rt: Any, db: str,
     assert not problems, "\n".join(problems)
 
 
+def assert_refused_at_start(k: SourceKit, tmp_path: Path, db: str,
+                            refusals: dict[str, str]) -> None:
+    """A config naming each of ``refusals`` (a name in ``db``) stops at start with its
+    text; ``db`` is dropped after."""
+    from pipeline.config import load_config
+    from pipeline.runtime import open_runtime
+
+    try:
+        for name, says in refusals.items():
+            data = k.config_data(source=f"refused-{uuid.uuid4().hex[:6]}", db=db,
+                                 lake=tmp_path / "lake", tables=[f"{db}.{name}"])
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(data))
+            with pytest.raises(SourceError, match=says), open_runtime(load_config(path)):
+                pass
+    finally:
+        k.drop(db)
+
+
 # ---- MariaDB / MySQL -------------------------------------------------------------------
 
 
@@ -375,21 +394,10 @@ def test_mariadb_sequences_and_views_are_refused_at_start(
 ) -> None:
     """A sequence's next values and a view's rows are in no row event of their own: a
     config naming one stops at start with what it is."""
-    from pipeline.config import load_config
-    from pipeline.runtime import open_runtime
-
     db = new_schema(maria, "CREATE TABLE {db}.t (id INT PRIMARY KEY)",
                     "CREATE SEQUENCE {db}.s", "CREATE VIEW {db}.v AS SELECT id FROM {db}.t")
-    try:
-        for name, says in (("s", "is a sequence, not a table"), ("v", "is a view, not a table")):
-            data = maria.config_data(source=f"refused-{uuid.uuid4().hex[:6]}", db=db,
-                                     lake=tmp_path / "lake", tables=[f"{db}.{name}"])
-            path = tmp_path / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(data))
-            with pytest.raises(SourceError, match=says), open_runtime(load_config(path)):
-                pass
-    finally:
-        maria.drop(db)
+    assert_refused_at_start(maria, tmp_path, db, {"s": "is a sequence, not a table",
+                                                  "v": "is a view, not a table"})
 
 
 # ---- PostgreSQL --------------------------------------------------------------------------
@@ -560,19 +568,8 @@ def test_postgres_sequences_views_and_unlogged_tables_are_refused_at_start(
 ) -> None:
     """Their changes are not in the logical log: a config naming one stops at start with
     what it is and what to do."""
-    from pipeline.config import load_config
-    from pipeline.runtime import open_runtime
-
     db = new_schema(pg, "CREATE TABLE {db}.t (id int PRIMARY KEY)",
                     "CREATE SEQUENCE {db}.s", "CREATE VIEW {db}.v AS SELECT id FROM {db}.t",
                     "CREATE UNLOGGED TABLE {db}.u (id int PRIMARY KEY)")
-    try:
-        for name, says in (("s", "is a sequence"), ("v", "is a view"), ("u", "UNLOGGED")):
-            data = pg.config_data(source=f"refused-{uuid.uuid4().hex[:6]}", db=db,
-                                  lake=tmp_path / "lake", tables=[f"{db}.{name}"])
-            path = tmp_path / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(data))
-            with pytest.raises(SourceError, match=says), open_runtime(load_config(path)):
-                pass
-    finally:
-        pg.drop(db)
+    assert_refused_at_start(pg, tmp_path, db, {"s": "is a sequence", "v": "is a view",
+                                               "u": "UNLOGGED"})
