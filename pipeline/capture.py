@@ -46,7 +46,7 @@ from pipeline.chunking import (
     plan_chunk_reads,
     planned_outcome,
 )
-from pipeline.config import CaptureConfig
+from pipeline.config import CAPTURE_DEFAULTS
 from pipeline.errors import ConfigError, DblogError, StateConflict
 from pipeline.events import Key, TableId, Window, key_from_json, key_to_json
 from pipeline.faults import crash_point
@@ -71,21 +71,21 @@ fire, and at least this often (a watch lost with an expired session)."""
 class CaptureOptions:
     """How a capture runs; the sizing defaults are the configuration's (``CaptureConfig``)."""
 
-    chunk_size: int = CaptureConfig.chunk_size
+    chunk_size: int = CAPTURE_DEFAULTS.chunk_size
     """Rows of a range's first chunk (``chunk_sizes`` per table)."""
-    chunk_max_rows: int = CaptureConfig.chunk_max_rows
+    chunk_max_rows: int = CAPTURE_DEFAULTS.chunk_max_rows
     """Chunks grow (2x-8x, toward the target) up to this while one takes under half
     ``chunk_target_seconds``."""
-    chunk_target_seconds: float = CaptureConfig.chunk_target_seconds
-    max_in_flight: int = CaptureConfig.max_in_flight
-    parallel_ranges: int = CaptureConfig.parallel_ranges
+    chunk_target_seconds: float = CAPTURE_DEFAULTS.chunk_target_seconds
+    max_in_flight: int = CAPTURE_DEFAULTS.max_in_flight
+    parallel_ranges: int = CAPTURE_DEFAULTS.parallel_ranges
     """Ranges of a capture that run at once (:meth:`Capturer.run`)."""
-    read_partitions: int = CaptureConfig.read_partitions
+    read_partitions: int = CAPTURE_DEFAULTS.read_partitions
     """A chunk of ``read_partitions * read_partition_rows`` rows or more is read by this
     many selects at once, each over its own key range (planned first)."""
-    read_partition_rows: int = CaptureConfig.read_partition_rows
+    read_partition_rows: int = CAPTURE_DEFAULTS.read_partition_rows
     """A chunk is split into read partitions of at least this many rows."""
-    max_rows_per_s: float | None = CaptureConfig.max_rows_per_s
+    max_rows_per_s: float | None = CAPTURE_DEFAULTS.max_rows_per_s
     """Rows a second the capture reads at most, all ranges of the process together (None:
     no limit); chunks then ask for at most ``chunk_target_seconds`` of them."""
     poll_seconds: float = 0.1

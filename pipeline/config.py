@@ -15,7 +15,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.config_schema import validate_document
+from pipeline.config_schema import (
+    CaptureSection,
+    RepairSection,
+    TailSection,
+    validate_document,
+)
 from pipeline.errors import ConfigError
 from pipeline.events import TableId
 from pipeline.paths import dblog_home
@@ -68,74 +73,16 @@ class TableConfig:
     """A repair captures every range instead of only the differing ones."""
 
 
-@dataclass(frozen=True)
-class TailConfig:
-    batch_max_events: int = 100_000
-    batch_max_seconds: float = 2.0
-    poll_seconds: float = 0.5
-    window_expiry_s: float = 1800.0
-    maintain_every_s: float = 3600.0
-    mirror_every_s: float = 10.0
-    """The mirror merges the changelog's new batches at least this often (docs/design.md)."""
-    mirror_every_s_behind: float = 60.0
-    """...or this often (if longer) while the tailer is behind the log..."""
-    mirror_every_s_capturing: float = 60.0
-    """...or this often (if longer) while a capture's chunk window is open."""
-    mirror_max_events: int = 500_000
-    """...or once the batches the mirror lacks hold this many log events."""
-    chunk_files_timeout_s: float = 300.0
-    """How long a pinned chunk's files may take before its window is aborted (the capture
-    selects the chunk again)."""
-    pin_ahead_s: float = 10.0
-    """How long a batch's log changes may wait while the tailer reads on and pins further
-    chunks into it (``TailOptions.pin_ahead_s``; 0: a batch holding log changes pins no
-    more); then it closes, and later chunks are pinned for the batch after it."""
-    heal: str = "capture"
-    """What the tailer does when rows of a table changed without row events (a DDL that
-    fills or rewrites a column, a statement-format DML, a partial row image, a foreign-key
-    cascade): ``capture`` captures them again (the table, or the keys the log names) beside
-    the tail; ``notify`` only notes it in ``dblog status`` and the log."""
-    lag_warn_s: float = 60.0
-    """The tail-lag asset check warns above this many seconds behind the source..."""
-    lag_error_s: float = 600.0
-    """...and fails (severity ERROR) above this many."""
-
-
-@dataclass(frozen=True)
-class CaptureConfig:
-    chunk_size: int = 100_000
-    chunk_max_rows: int = 500_000
-    chunk_target_seconds: float = 15.0
-    max_in_flight: int = 4
-    parallel_ranges: int = 2
-    """Key ranges of one capture run at once, each with its own chunks and windows (a
-    capture of many tables, or of many Dagster partitions, moves several ranges along while
-    each waits for its windows' commits)."""
-    range_rows: int = 100000
-    read_partitions: int = 1
-    """A large chunk is read by this many selects at once, each over its own key range. One
-    by default: on two cores four bought ~4% of capture speed (64.7k vs 62.1k rows/s) and
-    raised the source's commit p99 under a capture (`bench_impact`, pinned) 2.60x -> 3.68x;
-    raise it where Spark has cores to spare and the source has headroom."""
-    read_partition_rows: int = 50_000
-    """...each of at least this many rows (smaller chunks are read by fewer selects)."""
-    max_rows_per_s: float | None = None
-    """At most this many rows a second read from the source by one capture process (None:
-    as fast as it goes), in chunks of at most ``chunk_target_seconds`` of them: spares a
-    source whose application must not feel the capture (`bench_impact`)."""
-
-
-@dataclass(frozen=True)
-class RepairConfig:
-    """The rolling verification (``pipeline.repair``): one key range at a time, paced."""
-
-    max_rows_per_s: float = 10_000.0
-    """Source rows checksummed a second, at most (every comparison of a range counts): a
-    pass over a table of N rows takes about N / this many seconds, which bounds the time
-    until any divergence is found (1M rows: 100 s)."""
-    range_rows: int = 100_000
-    """Rows per compared range, where no ranges are given (the Dagster job and check use
-    the ``full_state`` partitions'): the unit compared, and captured when it differs."""
+TailConfig = TailSection
+"""The ``tail`` settings (defined once, in :mod:`pipeline.config_schema`)."""
+CaptureConfig = CaptureSection
+"""The ``capture`` settings."""
+RepairConfig = RepairSection
+"""The ``repair`` settings (``pipeline.repair``)."""
+TAIL_DEFAULTS = TailConfig()
+"""Every ``tail`` setting at its default (the tailer's options take their defaults here)."""
+CAPTURE_DEFAULTS = CaptureConfig()
+"""Every ``capture`` setting at its default."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +189,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         slot=src.slot,
         publication=src.publication,
     )
-    capture = CaptureConfig(**doc.capture.model_dump(exclude_none=True))
+    capture = doc.capture
     tables = tuple(
         TableConfig(TableId.parse(entry.name), entry.chunk_size or capture.chunk_size,
                     entry.repair_cron, entry.repair_capture_all)
@@ -250,7 +197,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
     lake = _lake_root(_expand(doc.lake if doc.lake is not None
                               else str(dblog_home() / "lake")), base_dir)
     zk = doc.zookeeper
-    tail = TailConfig(**doc.tail.model_dump(exclude_none=True))
+    tail = doc.tail
     if tail.lag_error_s < tail.lag_warn_s:
         raise ConfigError("config: tail.lag_error_s must not be below tail.lag_warn_s")
     return PipelineConfig(
@@ -264,7 +211,7 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> PipelineConfig:
         zookeeper_auth_env=zk.auth_env,
         tail=tail,
         capture=capture,
-        repair=RepairConfig(**doc.repair.model_dump(exclude_none=True)),
+        repair=doc.repair,
         spark_master=doc.spark.master,
         spark_conf={key: str(value).lower() if isinstance(value, bool) else _expand(str(value))
                     for key, value in doc.spark.conf.items()},

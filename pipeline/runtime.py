@@ -59,7 +59,7 @@ def identifier() -> str:
 def _shared_settings(settings: Any, options: type[Any]) -> dict[str, Any]:
     """The values of ``settings`` (a config section) for every field ``options`` (the
     component's options dataclass) has by the same name."""
-    names = {f.name for f in fields(settings)} & {f.name for f in fields(options)}
+    names = set(type(settings).model_fields) & {f.name for f in fields(options)}
     return {name: getattr(settings, name) for name in sorted(names)}
 
 

@@ -35,7 +35,7 @@ from typing import Any, TypeGuard
 from pipeline import handoff
 from pipeline.batching import BatchCutter, Cut, ReplayMismatch
 from pipeline.chunking import KeyRange
-from pipeline.config import TailConfig
+from pipeline.config import TAIL_DEFAULTS
 from pipeline.errors import DblogError, LeadershipLost, SourceError, StateConflict
 from pipeline.events import ChangeEvent, Position, TableId, WatermarkEvent, key_from_json
 from pipeline.faults import crash_point
@@ -116,33 +116,33 @@ class TailOptions:
     """How the tailer runs; the defaults of the settings a configuration has are its own
     (``TailConfig``)."""
 
-    batch_max_events: int = TailConfig.batch_max_events
-    batch_max_seconds: float = TailConfig.batch_max_seconds
-    poll_seconds: float = TailConfig.poll_seconds
+    batch_max_events: int = TAIL_DEFAULTS.batch_max_events
+    batch_max_seconds: float = TAIL_DEFAULTS.batch_max_seconds
+    poll_seconds: float = TAIL_DEFAULTS.poll_seconds
     read_transactions: int = 2000
-    window_expiry_s: float = TailConfig.window_expiry_s
+    window_expiry_s: float = TAIL_DEFAULTS.window_expiry_s
     """A registered window whose high watermark is not seen within this many seconds of
     its registration is aborted (0: never)."""
-    maintain_every_s: float = TailConfig.maintain_every_s
+    maintain_every_s: float = TAIL_DEFAULTS.maintain_every_s
     """Between batches, compact the tables' changelog and mirror files this often (0: never;
     ``dblog maintain`` does it while no tailer runs)."""
-    mirror_every_s: float = TailConfig.mirror_every_s
+    mirror_every_s: float = TAIL_DEFAULTS.mirror_every_s
     """The mirror follows the changelog: the batches written since its last MERGE are
     merged in one MERGE once the oldest of them is this old, once they hold
     ``mirror_max_events`` events, when the tailer is idle with no chunk window open, and
     when a run ends (0: after every batch)."""
-    mirror_every_s_behind: float = TailConfig.mirror_every_s_behind
+    mirror_every_s_behind: float = TAIL_DEFAULTS.mirror_every_s_behind
     """...or this often (if longer) while the tailer is behind the log: the last
     transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`pipeline.mirror`)..."""
-    mirror_every_s_capturing: float = TailConfig.mirror_every_s_capturing
+    mirror_every_s_capturing: float = TAIL_DEFAULTS.mirror_every_s_capturing
     """...or this often (if longer) while a capture's chunk window is open (held by the
     tailer or registered in ZooKeeper)."""
-    mirror_max_events: int = TailConfig.mirror_max_events
+    mirror_max_events: int = TAIL_DEFAULTS.mirror_max_events
     """...or once the batches the mirrors lack hold this many log events."""
-    chunk_files_timeout_s: float = TailConfig.chunk_files_timeout_s
+    chunk_files_timeout_s: float = TAIL_DEFAULTS.chunk_files_timeout_s
     """How long the tailer waits, at a chunk's high watermark, for a live capture to write
     the chunk's changelog files before it aborts the window (the capture re-selects it)."""
-    pin_ahead_s: float = TailConfig.pin_ahead_s
+    pin_ahead_s: float = TAIL_DEFAULTS.pin_ahead_s
     """While a batch waits for its pinned chunks' files, the tailer reads on and pins the
     high watermarks it finds (the captures write those chunks meanwhile), until the
     batch's first log change has waited this long: then the batch closes, and is written

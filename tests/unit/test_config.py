@@ -189,6 +189,7 @@ def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
 def test_every_tail_setting_reaches_the_tailer() -> None:
     from dataclasses import fields
 
+    from pipeline.capture import CaptureOptions
     from pipeline.config import CaptureConfig, TailConfig
     from pipeline.runtime import tail_options
     from pipeline.tailer import TailOptions
@@ -203,13 +204,15 @@ def test_every_tail_setting_reaches_the_tailer() -> None:
         assert getattr(options, name) == value, name
     # every tail setting but the asset checks' lag levels and the healing switch (the
     # runtime gives the tailer a healer, or none) is a tailer option
-    assert {f.name for f in fields(TailConfig)} - {f.name for f in fields(TailOptions)} == {
+    assert set(TailConfig.model_fields) - {f.name for f in fields(TailOptions)} == {
         "lag_warn_s", "lag_error_s", "heal"}
-    # the YAML's tail section knows every setting, and only those
-    from pipeline.config_schema import CaptureSection, TailSection
-
-    assert set(TailSection.model_fields) == {f.name for f in fields(TailConfig)}
-    assert set(CaptureSection.model_fields) == {f.name for f in fields(CaptureConfig)}
+    # the options take their defaults from the one definition of each setting
+    for option in fields(TailOptions):
+        if option.name in TailConfig.model_fields:
+            assert option.default == TailConfig.model_fields[option.name].default, option.name
+    for option in fields(CaptureOptions):
+        if option.name in CaptureConfig.model_fields:
+            assert option.default == CaptureConfig.model_fields[option.name].default, option.name
     defaults = tail_options(parse_config(GOOD).tail)
     assert (defaults.pin_ahead_s, defaults.chunk_files_timeout_s) == (10.0, 300.0)
 
@@ -273,7 +276,7 @@ def test_every_capture_setting_reaches_the_capture() -> None:
     for name, value in settings.items():
         assert getattr(options, name) == value, name
     assert options.chunk_sizes == {TableId("shop", "accounts"): 7, TableId("shop", "orders"): 10}
-    assert {f.name for f in fields(CaptureConfig)} - {f.name for f in fields(CaptureOptions)} == {
+    assert set(CaptureConfig.model_fields) - {f.name for f in fields(CaptureOptions)} == {
         "range_rows"}
 
 
@@ -293,3 +296,19 @@ def test_healing_is_on_by_default_and_can_only_notify() -> None:
     assert parse_config({**GOOD, "tail": {"heal": "notify"}}).tail.heal == "notify"
     with pytest.raises(ConfigError, match="tail.heal"):
         parse_config({**GOOD, "tail": {"heal": "sometimes"}})
+
+
+def test_the_configuration_page_is_the_schemas() -> None:
+    """docs/configuration.md is rendered from the schema: a setting added, changed or
+    documented there without the page written again fails here."""
+    from pipeline.config_docs import PAGE, render
+
+    assert PAGE.read_text() == render(), (
+        "docs/configuration.md differs from the schema: run `python -m pipeline.config_docs`")
+    for section in ("source", "tables", "lake", "zookeeper", "tail", "capture", "spark",
+                    "repair"):
+        assert f"## `{section}`" in render()
+    undocumented = [
+        line.split("|")[1] for line in render().splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")]
+    assert not undocumented, f"settings without a docstring in the schema: {undocumented}"
