@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
+
+# Every property test has a deadline: 2 s an example unless a test gives its own (real work,
+# such as threads or Arrow, gets 10 s), well above an example's time on a loaded CI machine
+# and far below a hang's. HYPOTHESIS_PROFILE=dev keeps Hypothesis's 200 ms.
+settings.register_profile("dblog", deadline=timedelta(seconds=2))
+settings.register_profile("dev", deadline=timedelta(milliseconds=200))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dblog"))
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -4,6 +4,7 @@ ends its range, and which key range its select read completely (the tailer's del
 from __future__ import annotations
 
 import datetime as dt
+from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -66,7 +67,7 @@ def test_rejects_impossible_chunks(rows: int, last: Key | None) -> None:
         chunk_outcome(after=None, upper=None, rows=rows, limit=100, last=last, filtered=False)
 
 
-@settings(deadline=None)
+@settings(deadline=timedelta(seconds=10))
 @given(
     keys=st.lists(st.integers(0, 60), unique=True).map(sorted),
     upper=st.integers(0, 60),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -114,7 +115,7 @@ KEYS = [(a, b, c) for a, b, c in itertools.product(range(3), ["a", "b", "c"], ra
 optional_key = st.none() | st.sampled_from(KEYS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=timedelta(seconds=10))
 @given(optional_key, optional_key)
 def test_predicate_matches_tuple_order_in_sqlite(last: Key | None, end: Key | None) -> None:
     """Executed against SQLite: the predicate selects exactly keys in (last, end]."""

@@ -4,6 +4,7 @@ mirror's mark from its commit history (both readers)."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -19,7 +20,7 @@ _rows = st.lists(
     max_size=40, unique_by=lambda r: (r[2], r[3], r[0], r[1]))
 
 
-@settings(deadline=None)  # the first example loads pyarrow.compute
+@settings(deadline=timedelta(seconds=10))  # the first example loads pyarrow.compute
 @given(_rows)
 def test_the_newest_row_of_every_key_is_kept(rows: list[tuple[int | None, str, int, int]]
                                             ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ class Tracker:
             self.running -= 1
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=timedelta(seconds=10))
 @given(durations=st.lists(st.integers(0, 4), min_size=1, max_size=8),
        workers=st.integers(1, 4))
 def test_every_item_runs_once_at_most_workers_at_a_time_results_in_item_order(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -68,7 +69,7 @@ def script_from(sizes: list[int]) -> tuple[list[Any], list[int]]:
     return script, numbers
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=timedelta(seconds=10))
 @given(sizes=st.lists(st.integers(0, 7), max_size=12),
        asks=st.lists(st.integers(1, 5), min_size=1, max_size=6),
        max_ahead=st.integers(1, 10))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -242,7 +243,7 @@ ops = st.one_of(
 initial_table = st.dictionaries(st.sampled_from(KEY_SPACE), st.integers(0, 9), min_size=2)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=timedelta(seconds=10))
 @given(st.lists(initial_table, min_size=2, max_size=2), st.lists(ops, min_size=10, max_size=60))
 def test_window_processor_matches_model(
     initial: list[dict[int, int]], script: list[tuple[Any, ...]]
