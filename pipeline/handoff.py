@@ -24,20 +24,27 @@ position and the dropped keys come from the log.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
 
+from pipeline.chunk_protocol import (
+    ChunkDescription,
+    ChunkFiles,
+    ChunkPin,
+    columns_from_json,
+    columns_to_json,
+)
 from pipeline.events import Key, TableId, key_from_json, key_to_json
-from pipeline.sources.base import Column, TableSchema
 from pipeline.state import ChangeSignal, StateStore
 
 __all__ = [
     "CHUNKS",
+    "ChunkDescription",
     "ChunkFiles",
     "ChunkPin",
     "chunk_path",
     "columns_from_json",
     "columns_to_json",
+    "describe_chunk",
+    "read_description",
     "hold",
     "is_held",
     "read_files",
@@ -60,55 +67,16 @@ def chunk_path(window_id: str) -> str:
     return f"{CHUNKS}/{window_id}"
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkPin:
-    """The tailer's word at a window's high watermark: write the chunk's rows for this.
-
-    Row ``i`` of the chunk in key order (dropped keys counted) takes position
-    ``(lsn, seq + 1 + i)``; ``batch`` and ``attempt`` tag the rows as the tailer's own."""
-
-    window_id: str
-    batch: int
-    attempt: str
-    lsn: int
-    seq: int
-    commit_ts_ms: int | None
-    dropped_keys: tuple[Key, ...]
+def describe_chunk(state: StateStore, window_id: str, description: ChunkDescription) -> None:
+    """Write the chunk's description (before its high watermark)."""
+    state.put(chunk_path(window_id), description.to_json(), None)
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkFiles:
-    """A capture's changelog files for one pin: Delta ``add`` actions, uncommitted.
-
-    ``table_id``: the changelog's identity when they were written (a table recreated at the
-    path needs them written again); ``rows``: the rows they hold (the chunk minus its
-    dropped keys); ``selected``: the rows the chunk select returned (the dropped keys
-    included), which the chunk's positions number."""
-
-    window_id: str
-    batch: int
-    attempt: str
-    table_id: str
-    actions: tuple[str, ...]
-    rows: int
-    selected: int
-
-    def for_pin(self, pin: ChunkPin) -> bool:
-        """Whether these are the files ``pin`` asked for."""
-        return (self.batch, self.attempt) == (pin.batch, pin.attempt)
-
-
-def columns_to_json(schema: TableSchema) -> list[list[object]]:
-    """A chunk's columns for its description (the tailer makes the lake hold them)."""
-    return [[c.name, c.spark_type, c.nullable, c.source_type] for c in schema.columns]
-
-
-def columns_from_json(table: TableId, key: Sequence[str], data: object) -> TableSchema | None:
-    """The inverse of :func:`columns_to_json` (None: a description without columns)."""
-    if not isinstance(data, list):
-        return None
-    columns = tuple(Column(str(c[0]), str(c[1]), bool(c[2]), str(c[3])) for c in data)
-    return TableSchema(table, columns, tuple(key))
+def read_description(state: StateStore, table: TableId, window_id: str
+                     ) -> ChunkDescription | None:
+    """The chunk's description, or None (never written: its capture died first)."""
+    found = state.get(chunk_path(window_id))
+    return None if found is None else ChunkDescription.from_json(table, found.value)
 
 
 def hold(state: StateStore, window_id: str) -> None:

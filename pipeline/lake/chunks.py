@@ -18,9 +18,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline.chunk_protocol import ChunkFiles, ChunkPin
 from pipeline.errors import DblogError
 from pipeline.events import Key, Op, TableId
-from pipeline.handoff import ChunkFiles, ChunkPin
 from pipeline.lake.deltalog import DeltaTxn, action_rows
 from pipeline.lake.types import (
     ATTEMPT_COLUMN,

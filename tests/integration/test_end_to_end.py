@@ -29,8 +29,8 @@ from pipeline.config import parse_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
-from pipeline.verify import verify_table
 from tests.integration.checks import check_history, check_table, check_untouched_captured_once
+from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def test_concurrent_writes_capture_and_tail(
             # after them, while the closed one waits for them.
             data["tail"]["pin_ahead_s"] = 1.0 if variant == 2 else 0
         if variant == 2:
-            from pipeline import capture as capture_module
+            from pipeline.capture import writer as capture_module
 
             write_files = capture_module.write_chunk_files
 
