@@ -1,34 +1,16 @@
-"""Shared pipeline state in ZooKeeper: log position, windows, capture progress, tailer lock.
-
-One :class:`StateStore` serves one source (e.g. ``mariadb-main``) under the
-root ``/<chroot>/<source>``::
-
-    position                            PositionState (log position + last batch)
-    batch-intent                        BatchIntent (write-ahead of the batch being written)
-    windows/<window_id>                 WindowState
-    captures/<capture_id>               CaptureState
-    captures/<capture_id>/ranges/<id>   RangeProgress
-    tailer-lock/                        kazoo Lock recipe contenders
-
-Every value is a JSON document ``{"schema": 1, ...}`` (UTF-8, sorted keys);
-each read returns it with its znode version, and every write can be a
-compare-and-set on that version (:class:`~pipeline.errors.StateConflict` on a
-lost race). :meth:`StateStore.commit_batch` moves the log position and records
-chunk progress and window outcomes in one atomic ZooKeeper transaction.
-"""
+"""StateStore: the versioned JSON state of one source in ZooKeeper (see :mod:`pipeline.state`)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import TracebackType
-from typing import Any, Final, Generic, Literal, TypeVar, cast, get_args
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -49,43 +31,33 @@ from kazoo.recipe.lock import Lock
 from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import make_digest_acl
 
-from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LeadershipLost, LockHeld, StateConflict, TransientError
-from pipeline.events import Key, Position, TableId, Window, key_from_json, key_to_json
+from pipeline.events import TableId, Window
+from pipeline.state.documents import (
+    ABSENT,
+    CAPTURE_STATUSES,
+    WINDOW_STATUSES,
+    BatchIntent,
+    CaptureState,
+    CaptureStatus,
+    CommitResult,
+    Doc,
+    PositionState,
+    RangeProgress,
+    RangeUpdate,
+    StateSchemaError,
+    Versioned,
+    WindowState,
+    WindowStatus,
+    WindowUpdate,
+    check_status,
+    decode,
+    encode,
+    now_ms,
+)
+from pipeline.state.signals import ChangeSignal
 
-log = logging.getLogger(__name__)
-
-__all__ = [
-    "ABSENT",
-    "SCHEMA_VERSION",
-    "BatchIntent",
-    "CaptureState",
-    "CaptureStatus",
-    "ChangeSignal",
-    "CommitResult",
-    "Lookout",
-    "PositionState",
-    "RangeProgress",
-    "RangeUpdate",
-    "StateSchemaError",
-    "StateStore",
-    "StateUnavailable",
-    "Versioned",
-    "WindowState",
-    "WindowStatus",
-    "WindowUpdate",
-]
-
-SCHEMA_VERSION: Final = 1
-ABSENT: Final = -1
-"""``expected_version`` meaning "the znode must not exist yet" (create only)."""
-
-MAX_DOC_BYTES: Final = 1_000_000  # ZooKeeper's default jute.maxbuffer is 1 MiB
-
-WindowStatus = Literal["registered", "emitted", "aborted"]
-CaptureStatus = Literal["running", "paused", "cancelled", "done"]
-WINDOW_STATUSES: Final = frozenset(get_args(WindowStatus))
-CAPTURE_STATUSES: Final = frozenset(get_args(CaptureStatus))
+log = logging.getLogger("pipeline.state")
 
 POSITION = "position"
 BATCH_INTENT = "batch-intent"
@@ -97,307 +69,10 @@ _NAME_RE = re.compile(r"[\w.:@=+-]+")  # \w: Unicode letters, digits, underscore
 _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, RetryFailedError)
 
 T = TypeVar("T")
-Doc = dict[str, Any]
-
-
-class ChangeSignal:
-    """Set by ZooKeeper watches when a watched znode is created, changed or deleted
-    (:meth:`StateStore.watch`), so that a waiter reads again when something changed instead
-    of polling. A watch fires once: arm it again before each read that may wait."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def notify(self, _event: object = None) -> None:
-        """The watch callback (kazoo calls it with the ``WatchedEvent``)."""
-        self._event.set()
-
-    def take(self) -> bool:
-        """Whether it fired since the last ``take``; clears it."""
-        fired = self._event.is_set()
-        self._event.clear()
-        return fired
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until it fires or ``timeout`` seconds passed; whether it fired."""
-        return self._event.wait(timeout)
-
-
-class Lookout:
-    """When to read a few znodes again while waiting for them to change: when their watches
-    fired, or ``every`` seconds (a watch lost with an expired session; deadlines), instead
-    of at every poll. ``arm`` sets the watches (:meth:`StateStore.watch`), each time before
-    the read it allows."""
-
-    def __init__(self, arm: Callable[[ChangeSignal], None], every: float = 1.0) -> None:
-        self.signal = ChangeSignal()
-        self._arm = arm
-        self._every = every
-        self._looked: float | None = None
-
-    def due(self) -> bool:
-        """Whether to read now (the watches are armed again when it is)."""
-        now = time.monotonic()
-        if (self._looked is not None and not self.signal.take()
-                and now - self._looked < self._every):
-            return False
-        self._looked = now
-        self._arm(self.signal)
-        return True
-
-    def again(self) -> None:
-        """Make the next :meth:`due` true (the waiter changed something itself)."""
-        self._looked = None
-
-    def wait(self, timeout: float) -> None:
-        """Wait until a watch fires or ``timeout`` seconds passed."""
-        self.signal.wait(timeout)
 
 
 class StateUnavailable(TransientError):
     """ZooKeeper cannot be reached (or the session was lost); retry later."""
-
-
-class StateSchemaError(DblogError):
-    """A stored document is corrupt or written by a newer, unknown schema."""
-
-
-@dataclass(frozen=True, slots=True)
-class Versioned(Generic[T]):
-    """A stored value and the znode version to pass back for compare-and-set."""
-
-    value: T
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class PositionState:
-    """The log position after the last committed micro-batch."""
-
-    position: Position
-    source_position: Mapping[str, Any]
-    """Source-native coordinate: ``{"file": ..., "pos": ...}`` or ``{"lsn": "0/16B3748"}``."""
-    batch: int
-    updated_at_ms: int = field(default_factory=lambda: _now_ms())
-    generation: str = ""
-    """Names this line of batch numbers. A position created afresh (first start, a reset to
-    the head, a new ZooKeeper root) gets a new generation, so its batch numbers never meet
-    the idempotent-write versions an earlier line left in the lake (see ``txn_app_id``)."""
-    commit_ts_ms: int | None = None
-    """Source commit time of the last transaction in the committed batches (lag in time)."""
-
-    def txn_app_id(self, source: str) -> str:
-        """Delta's idempotent-write application id for this line of batches."""
-        return f"dblog:{source}" + (f":{self.generation}" if self.generation else "")
-
-    def to_json(self) -> Doc:
-        return {
-            "position": self.position.to_json(),
-            "source_position": dict(self.source_position),
-            "batch": self.batch,
-            "updated_at_ms": self.updated_at_ms,
-            "generation": self.generation,
-            "commit_ts_ms": self.commit_ts_ms,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> PositionState:
-        ts = d.get("commit_ts_ms")
-        return cls(
-            Position.from_json(d["position"]),
-            dict(d["source_position"]),
-            int(d["batch"]),
-            int(d["updated_at_ms"]),
-            str(d.get("generation", "")),
-            int(ts) if ts is not None else None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BatchIntent:
-    """Write-ahead record of the micro-batch being written (``start``/``end`` are positions)."""
-
-    batch: int
-    start: Mapping[str, Any]
-    end: Mapping[str, Any]
-    created_at_ms: int = field(default_factory=lambda: _now_ms())
-    windows: Mapping[str, str] = field(default_factory=dict)
-    """Window id -> ``emitted``/``aborted``: the outcomes the batch holds (a replay must
-    rebuild exactly these)."""
-    attempts: tuple[str, ...] = ()
-    """The write attempts at this batch so far, oldest first (each tags the changelog rows
-    it writes; a replay fences the earlier ones off). Empty in an intent recorded by a
-    version without write attempts."""
-
-    def to_json(self) -> Doc:
-        return {
-            "batch": self.batch,
-            "start": dict(self.start),
-            "end": dict(self.end),
-            "created_at_ms": self.created_at_ms,
-            "windows": dict(self.windows),
-            "attempts": list(self.attempts),
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> BatchIntent:
-        return cls(int(d["batch"]), dict(d["start"]), dict(d["end"]), int(d["created_at_ms"]),
-                   {str(k): str(v) for k, v in dict(d.get("windows") or {}).items()},
-                   tuple(str(a) for a in d.get("attempts") or ()))
-
-
-@dataclass(frozen=True, slots=True)
-class WindowState:
-    """A registered watermark window and its outcome."""
-
-    window: Window
-    status: WindowStatus = "registered"
-    detail: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    created_at_ms: int = field(default_factory=lambda: _now_ms())
-    updated_at_ms: int = field(default_factory=lambda: _now_ms())
-
-    def to_json(self) -> Doc:
-        w = self.window
-        return {
-            "window_id": w.window_id,
-            "table": [w.table.database, w.table.table],
-            "low": w.low,
-            "high": w.high,
-            "meta": dict(w.meta),
-            "status": self.status,
-            "detail": self.detail,
-            "extra": dict(self.extra),
-            "created_at_ms": self.created_at_ms,
-            "updated_at_ms": self.updated_at_ms,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> WindowState:
-        window = Window(d["window_id"], TableId(*d["table"]), d["low"], d["high"], dict(d["meta"]))
-        return cls(
-            window,
-            _check_status(d["status"], WINDOW_STATUSES, "window"),
-            d["detail"],
-            dict(d["extra"]),
-            int(d["created_at_ms"]),
-            int(d["updated_at_ms"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureState:
-    """A capture (snapshot) request: which tables, how to split/filter them, and its status."""
-
-    capture_id: str
-    tables: tuple[TableId, ...]
-    spec: Mapping[str, Any] = field(default_factory=dict)
-    """Filter / key-column specification, opaque to the store."""
-    status: CaptureStatus = "running"
-    created_at_ms: int = field(default_factory=lambda: _now_ms())
-    updated_at_ms: int = field(default_factory=lambda: _now_ms())
-
-    def to_json(self) -> Doc:
-        return {
-            "capture_id": self.capture_id,
-            "tables": [[t.database, t.table] for t in self.tables],
-            "spec": dict(self.spec),
-            "status": self.status,
-            "created_at_ms": self.created_at_ms,
-            "updated_at_ms": self.updated_at_ms,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CaptureState:
-        return cls(
-            d["capture_id"],
-            tuple(TableId(*t) for t in d["tables"]),
-            dict(d["spec"]),
-            _check_status(d["status"], CAPTURE_STATUSES, "capture"),
-            int(d["created_at_ms"]),
-            int(d["updated_at_ms"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RangeProgress:
-    """Progress of one key range ``(lower, upper]`` of a capture (see :mod:`pipeline.chunking`)."""
-
-    table: TableId
-    lower: Key | None = None
-    upper: Key | None = None
-    last_emitted_key: Key | None = None
-    chunks_emitted: int = 0
-    rows_emitted: int = 0
-    rows_dropped: int = 0
-    done: bool = False
-    rows_deleted: int = 0
-    """Mirror rows the chunks proved gone from the source (emitted as deletes)."""
-
-    @property
-    def key_range(self) -> KeyRange:
-        return KeyRange(self.lower, self.upper)
-
-    def to_json(self) -> Doc:
-        return {
-            "table": [self.table.database, self.table.table],
-            "lower": _key_json(self.lower),
-            "upper": _key_json(self.upper),
-            "last_emitted_key": _key_json(self.last_emitted_key),
-            "chunks_emitted": self.chunks_emitted,
-            "rows_emitted": self.rows_emitted,
-            "rows_dropped": self.rows_dropped,
-            "done": self.done,
-            "rows_deleted": self.rows_deleted,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RangeProgress:
-        return cls(
-            TableId(*d["table"]),
-            _key_from(d["lower"]),
-            _key_from(d["upper"]),
-            _key_from(d["last_emitted_key"]),
-            int(d["chunks_emitted"]),
-            int(d["rows_emitted"]),
-            int(d["rows_dropped"]),
-            bool(d["done"]),
-            int(d.get("rows_deleted", 0)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RangeUpdate:
-    """A range-progress write inside :meth:`StateStore.commit_batch`.
-
-    ``expected_version`` is the version last read, or :data:`ABSENT` to create the range.
-    """
-
-    capture_id: str
-    range_id: str
-    progress: RangeProgress
-    expected_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class WindowUpdate:
-    """A window closed in a batch; ``expected_version`` ``None`` = the version read at commit."""
-
-    window_id: str
-    status: WindowStatus
-    detail: str | None = None
-    expected_version: int | None = None
-    extra: Mapping[str, Any] | None = None
-    """Keys merged into the window's ``extra`` (e.g. where its low watermark was seen)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    """New znode versions after :meth:`StateStore.commit_batch`."""
-
-    position_version: int
-    range_versions: Mapping[tuple[str, str], int]
-    window_versions: Mapping[str, int]
 
 
 class StateStore:
@@ -484,7 +159,7 @@ class StateStore:
                 return None
         if not data:
             return None  # a bare parent znode, no document
-        return Versioned(_decode(data, path), stat.version)
+        return Versioned(decode(data, path), stat.version)
 
     def put(self, path: str, value: Mapping[str, Any], expected_version: int | None) -> int:
         """Write ``value`` at ``path``; return the new version.
@@ -492,7 +167,7 @@ class StateStore:
         ``expected_version``: ``None`` creates or overwrites unconditionally, an int is a
         compare-and-set on the version read, :data:`ABSENT` creates only.
         """
-        full, data = self._abs(path), _encode(value, path)
+        full, data = self._abs(path), encode(value, path)
         with _zk_errors(f"put {path}"):
             try:
                 if expected_version is None:
@@ -606,7 +281,7 @@ class StateStore:
         tx = self._zk.transaction()
         ops = self._check_lock_in(tx)
         tx.check(self._abs(POSITION), position_version)
-        tx.create(self._abs(BATCH_INTENT), _encode(intent.to_json(), BATCH_INTENT))
+        tx.create(self._abs(BATCH_INTENT), encode(intent.to_json(), BATCH_INTENT))
         with _zk_errors("create batch intent"):
             results = tx.commit()
         self._raise_if_lock_lost(results, ops)
@@ -624,7 +299,7 @@ class StateStore:
         updated = replace(found.value, attempts=(*found.value.attempts, attempt))
         tx = self._zk.transaction()
         ops = self._check_lock_in(tx)
-        tx.set_data(self._abs(BATCH_INTENT), _encode(updated.to_json(), BATCH_INTENT),
+        tx.set_data(self._abs(BATCH_INTENT), encode(updated.to_json(), BATCH_INTENT),
                     found.version)
         with _zk_errors("add a batch attempt"):
             results = tx.commit()
@@ -730,11 +405,11 @@ class StateStore:
         with _zk_errors(f"create {path}"):
             self._zk.ensure_path(self._abs(CAPTURES))
             tx = self._zk.transaction()
-            tx.create(self._abs(path), _encode(state.to_json(), path))
+            tx.create(self._abs(path), encode(state.to_json(), path))
             tx.create(self._abs(f"{path}/ranges"))
             for range_id, progress in (ranges or {}).items():
                 rpath = _range_path(capture_id, range_id)
-                tx.create(self._abs(rpath), _encode(progress.to_json(), rpath))
+                tx.create(self._abs(rpath), encode(progress.to_json(), rpath))
                 ops.append(f"create {rpath}")
             results = tx.commit()
         _raise_tx_failure(results, ops)
@@ -753,14 +428,14 @@ class StateStore:
         self, capture_id: str, status: CaptureStatus, expected_version: int | None
     ) -> Versioned[CaptureState]:
         """Set a capture's status (CAS if ``expected_version`` is given)."""
-        _check_status(status, CAPTURE_STATUSES, "capture")
+        check_status(status, CAPTURE_STATUSES, "capture")
         current = self._require(self.get_capture(capture_id), f"capture {capture_id}")
         if expected_version is not None and current.version != expected_version:
             raise StateConflict(
                 f"capture {capture_id} changed concurrently "
                 f"(expected version {expected_version}, found {current.version})"
             )
-        new = replace(current.value, status=status, updated_at_ms=_now_ms())
+        new = replace(current.value, status=status, updated_at_ms=now_ms())
         path = _capture_path(capture_id)
         return Versioned(new, self.put(path, new.to_json(), current.version))
 
@@ -815,13 +490,13 @@ class StateStore:
             ops.append(f"{op} {path}")
 
         if expected_version is None:
-            add("create", POSITION, tx.create, _encode(state.to_json(), POSITION))
+            add("create", POSITION, tx.create, encode(state.to_json(), POSITION))
         else:
             add("check", POSITION, tx.check, expected_version)
-            add("set", POSITION, tx.set_data, _encode(state.to_json(), POSITION), expected_version)
+            add("set", POSITION, tx.set_data, encode(state.to_json(), POSITION), expected_version)
         for r in ranges:
             path = _range_path(r.capture_id, r.range_id)
-            data = _encode(r.progress.to_json(), path)
+            data = encode(r.progress.to_json(), path)
             if r.expected_version == ABSENT:
                 add("create", path, tx.create, data)
             else:
@@ -832,7 +507,7 @@ class StateStore:
                 continue  # settled and forgotten by its capture meanwhile: nothing to record
             new, version = self._window_update(w)
             path = _window_path(w.window_id)
-            add("set", path, tx.set_data, _encode(new.to_json(), path), version)
+            add("set", path, tx.set_data, encode(new.to_json(), path), version)
             written_windows.append(w)
         if clear_intent:
             intent = self.get_batch_intent()
@@ -969,7 +644,7 @@ class StateStore:
         return found
 
     def _window_update(self, w: WindowUpdate) -> tuple[WindowState, int]:
-        _check_status(w.status, WINDOW_STATUSES, "window")
+        check_status(w.status, WINDOW_STATUSES, "window")
         current = self._require(self.get_window(w.window_id), f"window {w.window_id}")
         if w.expected_version is not None and current.version != w.expected_version:
             raise StateConflict(
@@ -982,27 +657,15 @@ class StateStore:
             # A progress note (e.g. the low watermark was seen) never reopens a settled window.
             status, detail = current.value.status, current.value.detail
         new = replace(
-            current.value, status=status, detail=detail, extra=extra, updated_at_ms=_now_ms()
+            current.value, status=status, detail=detail, extra=extra, updated_at_ms=now_ms()
         )
         return new, current.version
-
-
-# ---- module helpers ----------------------------------------------------------------------
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _check_name(name: str, what: str) -> None:
     if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"invalid {what} {name!r}: use letters, digits and _.:@=+-")
 
-
-def _check_status(status: str, allowed: frozenset[str], what: str) -> Any:
-    if status not in allowed:
-        raise ValueError(f"unknown {what} status {status!r}; expected one of {sorted(allowed)}")
-    return status
 
 
 def _window_path(window_id: str) -> str:
@@ -1018,42 +681,6 @@ def _capture_path(capture_id: str) -> str:
 def _range_path(capture_id: str, range_id: str) -> str:
     _check_name(range_id, "range id")
     return f"{_capture_path(capture_id)}/ranges/{range_id}"
-
-
-def _key_json(key: Key | None) -> list[Any] | None:
-    return key_to_json(key)
-
-
-def _key_from(value: Any) -> Key | None:
-    return key_from_json(value)
-
-
-def _encode(value: Mapping[str, Any], path: str) -> bytes:
-    doc = {**value, "schema": SCHEMA_VERSION}
-    try:
-        text = json.dumps(doc, sort_keys=True, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"state document for {path} is not plain JSON: {exc}") from None
-    data = text.encode("utf-8")
-    if len(data) > MAX_DOC_BYTES:
-        raise DblogError(f"state document for {path} is {len(data)} bytes, over ZooKeeper's 1 MB")
-    return data
-
-
-def _decode(data: bytes, path: str) -> Doc:
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise StateSchemaError(f"state at {path} is not a UTF-8 JSON document") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), int):
-        raise StateSchemaError(f"state at {path} lacks an integer 'schema' field")
-    schema = doc.pop("schema")
-    if schema > SCHEMA_VERSION:
-        raise StateSchemaError(
-            f"state at {path} has schema {schema}, newer than the supported {SCHEMA_VERSION}; "
-            "upgrade dblog-delta"
-        )
-    return cast(Doc, doc)
 
 
 def _raise_tx_failure(
