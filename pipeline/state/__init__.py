@@ -17,10 +17,14 @@ lost race). :meth:`StateStore.commit_batch` moves the log position and records
 chunk progress and window outcomes in one atomic ZooKeeper transaction.
 
 The modules: :mod:`~pipeline.state.documents` (the typed documents and their JSON),
-:mod:`~pipeline.state.signals` (watch-driven waiting) and :mod:`~pipeline.state.store`
-(:class:`StateStore`).
+:mod:`~pipeline.state.signals` (watch-driven waiting), :mod:`~pipeline.state.tree` (the generic
+versioned layer and the tailer lock) and :mod:`~pipeline.state.store` (:class:`StateStore`),
+written against the storage protocol of :mod:`~pipeline.state.backend`, which
+:mod:`~pipeline.state.zookeeper` (kazoo) and :mod:`~pipeline.state.memory` (in-process, for
+tests) implement.
 """
 
+from pipeline.state.backend import StateUnavailable
 from pipeline.state.documents import (
     ABSENT,
     SCHEMA_VERSION,
@@ -38,7 +42,8 @@ from pipeline.state.documents import (
     WindowUpdate,
 )
 from pipeline.state.signals import ChangeSignal, Lookout
-from pipeline.state.store import BATCH_INTENT, TAILER_LOCK, StateStore, StateUnavailable
+from pipeline.state.store import BATCH_INTENT, StateStore
+from pipeline.state.tree import TAILER_LOCK
 
 __all__ = [
     "ABSENT",
