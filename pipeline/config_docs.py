@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel

@@ -36,8 +36,8 @@ from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
 from pipeline.sources.base import Column, TableSchema
 from pipeline.tailer import chunk_path
-from pipeline.verify import verify_table
 from tests.integration.helpers import make_db, wait_for_a_held_chunk
+from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit, SourceKit
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,9 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
 from tests.integration.chaos import Chaos
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
 from tests.integration.checks import check_history, check_table, check_untouched_captured_once
 from tests.integration.helpers import run_dblog
+from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, PostgresKit, SourceKit
 
 pytestmark = pytest.mark.integration

@@ -36,8 +36,8 @@ from pipeline.events import TableId
 from pipeline.ranges import parse_range_name
 from pipeline.runtime import open_runtime
 from pipeline.sample import TABLES
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration

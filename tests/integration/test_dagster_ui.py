@@ -29,7 +29,7 @@ from pipeline.paths import PROJECT_ROOT
 from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, create_schema
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
+from tests.integration.oracle import verify_table
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -18,9 +18,9 @@ from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.follow import FollowSummary, tail_following_config
 from pipeline.runtime import open_runtime
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
 from tests.integration.helpers import wait_for
+from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit
 
 pytestmark = pytest.mark.integration

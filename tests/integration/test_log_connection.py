@@ -15,7 +15,7 @@ from pipeline.background import BackgroundTailer
 from pipeline.config import load_config
 from pipeline.events import TableId
 from pipeline.runtime import open_runtime
-from pipeline.verify import verify_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration

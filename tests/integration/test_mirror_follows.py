@@ -24,8 +24,8 @@ from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict
 from pipeline.services import Endpoints
 from pipeline.status import collect_status
-from pipeline.verify import verify_table
 from tests.integration.helpers import execute, make_db
+from tests.integration.oracle import verify_table
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.services import Endpoints
 from pipeline.sources.base import ChunkSpec
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.pg import (
     PG_DATABASE,
     drop_replication,

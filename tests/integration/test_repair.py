@@ -40,8 +40,8 @@ from pipeline.services import Endpoints
 from pipeline.sources.checksum import NAN_BITS
 from pipeline.sources.mysql import checksum as mysql_checksum
 from pipeline.sources.postgres import checksum as postgres_checksum
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit, kit
 
 pytestmark = pytest.mark.integration

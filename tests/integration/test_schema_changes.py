@@ -16,8 +16,8 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect, q
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.sample import config_dict, connect
 from pipeline.services import Endpoints
-from pipeline.verify import verify_table
 from tests.integration.helpers import execute, make_db, run_dblog, wait_for_a_held_chunk
+from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration

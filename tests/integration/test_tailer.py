@@ -407,7 +407,7 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
     emitted in key order), and the running tailer forgets the progress it had counted on:
     the resumed capture selects both again and the tailer emits them, each row once."""
     from pipeline import handoff
-    from pipeline.verify import verify_table
+    from tests.integration.oracle import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _two_chunks(services, spark, tmp_path, "lost", 7504) as (
@@ -725,7 +725,7 @@ def test_a_chunk_whose_files_never_come_aborts_its_range_in_the_batch_built_afte
     order); the range's place goes back to before the first. The resumed capture selects
     both again and every row is read into the changelog once."""
     from pipeline import handoff
-    from pipeline.verify import verify_table
+    from tests.integration.oracle import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "lostq",

@@ -25,7 +25,7 @@ from pipeline.events import Position, TableId
 from pipeline.runtime import open_runtime
 from pipeline.services import Endpoints
 from pipeline.tailer import BatchReport
-from pipeline.verify import verify_table
+from tests.integration.oracle import verify_table
 
 pytestmark = [
     pytest.mark.integration,

@@ -22,8 +22,8 @@ from pipeline.events import TableId
 from pipeline.runtime import open_runtime
 from pipeline.services import Endpoints
 from pipeline.state import TAILER_LOCK, StateUnavailable
-from pipeline.verify import verify_table
 from tests.integration.checks import check_table
+from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit
 from tests.integration.test_failover import Tail, Writer, wait_for
 
