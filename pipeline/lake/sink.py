@@ -16,24 +16,23 @@ at the high watermark, numbered with the chunk's ``r`` rows in key order) and ``
 or DROP: every row of the table before this position is gone). A capture's ``d`` rows are
 numbered after every row its chunk selected.
 
-Readers: new tables use no Delta feature delta-rs refuses; type widening is enabled on a
-table only when one of its columns widens (such a table needs a reader that supports it).
 The writer's idempotent-DML settings live in its own session, set only around its MERGE.
+Schemas and table properties: :mod:`pipeline.lake.schemas`; typed literals and key
+predicates: :mod:`pipeline.lake.predicates`; a merge's survey: :mod:`pipeline.lake.survey`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from functools import reduce
 from typing import Any
@@ -47,12 +46,45 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError, LeadershipLost
-from pipeline.events import ChangeEvent, Key, Op, Position, TableId
+from pipeline.events import Op, Position, TableId
 from pipeline.handoff import ChunkFiles
+from pipeline.lake.batches import BatchResult, EmissionResult, TableBatch
 from pipeline.lake.chunks import keys_frame
 from pipeline.lake.current import after_position, change_key, mirror_mark, newest_first
-from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe, kept_active_session
+from pipeline.lake.deltalog import (
+    DeltaTxn,
+    action_rows,
+    files_dataframe,
+    kept_active_session,
+    retry_concurrent_commits,
+)
 from pipeline.lake.layout import LakeLayout
+from pipeline.lake.predicates import (
+    between,
+    commit_time,
+    epoch_micros,
+    key_range_predicate,
+    maybe_in,
+    newer,
+)
+from pipeline.lake.schemas import (
+    CHANGELOG_STATS,
+    COLUMN_MAPPING,
+    NO_CHANGE_FEED,
+    RESERVED_COLUMNS,
+    TABLE_PROPERTIES,
+    TIMESTAMP_NTZ_FEATURE,
+    TYPE_WIDENING,
+    changelog_schema,
+    features_for,
+    mirror_schema,
+    needs_column_mapping,
+    table_properties,
+    widens,
+)
+from pipeline.lake.survey import Survey as _Survey
+from pipeline.lake.survey import fold_survey_groups, survey
+from pipeline.lake.survey import survey as _survey
 from pipeline.lake.types import (
     ATTEMPT_COLUMN,
     LSN_FLOOR,
@@ -62,7 +94,6 @@ from pipeline.lake.types import (
     WINDOW_COLUMN,
     coerce,
     column_of,
-    contains_type,
     name_apart,
     needs_coercion,
     quote_ident,
@@ -74,73 +105,20 @@ from pipeline.window import ChunkEmission
 
 log = logging.getLogger(__name__)
 
-RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
-"""The lake's own columns beside a table's columns: the mirror's position, a chunk row's window.
-A source column may not take one of these names (in any case: Spark compares names without
-it)."""
-TABLE_PROPERTIES = {
-    "delta.enableChangeDataFeed": "true",
-    "delta.appendOnly": "false",
-    "delta.checkpointInterval": "100",
-}
-"""Properties of every new changelog and mirror. Nothing a non-Spark reader
-(delta-rs) refuses: type widening is enabled on a table only when one of its columns
-widens, column mapping only where a name needs it. A checkpoint every 100 commits, not
-Delta's 10: the commit that writes one waits for it (1-1.5 s), which on a tailer's
-1k-row appends was a third of their mean time (0.33 -> 0.23 s), while reads, which replay
-the commits after the checkpoint, did not slow (0.58 -> 0.51 s)."""
-NO_CHANGE_FEED = {"delta.enableChangeDataFeed": "false"}
-"""For the mirror: the changelog is the change feed. With Delta's feed on, each
-mirror MERGE also wrote a pre- and a post-image of every row it updated or deleted (20-35%
-of an update-heavy MERGE). Explicit, since the session's default turns the feed on."""
-TYPE_WIDENING = {"delta.enableTypeWidening": "true"}
-COLUMN_MAPPING = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-}
-TIMESTAMP_NTZ_FEATURE = {"delta.feature.timestampNtz": "supported"}
+__all__ = [
+    "CHANGELOG_STATS", "COLUMN_MAPPING", "NO_CHANGE_FEED", "RESERVED_COLUMNS",
+    "TABLE_PROPERTIES", "TIMESTAMP_NTZ_FEATURE", "TYPE_WIDENING", "BatchResult", "DeltaSink",
+    "DeltaTxn", "EmissionResult", "MaintenanceReport", "SchemaEvolutionError", "TableBatch",
+    "WriteAttempt", "_Survey", "_survey", "changelog_schema", "epoch_micros",
+    "fold_survey_groups", "key_range_predicate", "mirror_schema", "needs_column_mapping",
+    "retry_concurrent_commits", "table_properties", "widens",
+]
+
 _BROADCAST_KEYS = 200_000
 """At most this many keys that keep chunk rows out of a mirror's append are broadcast to the
 join that finds them (a busy source's changes between two merges are far fewer)."""
-_INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
-_PARQUET_UNSAFE = set(" ,;{}()\n\t=")
-
-
-def needs_column_mapping(column_names: Sequence[str]) -> bool:
-    """Whether a name is not Parquet-safe (spaces, commas, parentheses... are legal in
-    MariaDB and PostgreSQL names), so the table needs column mapping."""
-    return any(_PARQUET_UNSAFE & set(name) for name in column_names)
-
-
-CHANGELOG_STATS = {
-    "delta.dataSkippingStatsColumns": "op,_dblog_lsn,_dblog_seq,_dblog_window_id,_dblog_batch",
-}
-"""Statistics of a new changelog: its position and batch columns, whatever the table's width
-(Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
-``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
-has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
 _ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
 _FENCE_PREFIX = "dblog_fence_"
-
-
-def table_properties(column_names: Sequence[str]) -> dict[str, str]:
-    """Delta properties for a new table; column mapping where a name is not Parquet-safe."""
-    props = dict(TABLE_PROPERTIES)
-    if needs_column_mapping(column_names):
-        props.update(COLUMN_MAPPING)
-    return props
-
-
-def widens(old: T.DataType, new: T.DataType) -> bool:
-    """Whether Delta type widening can turn ``old`` into ``new`` (lossless)."""
-    names = [t.simpleString().upper() for t in (old, new)]
-    if names[0] in _INTEGERS and names[1] in _INTEGERS:
-        return _INTEGERS.index(names[1]) > _INTEGERS.index(names[0])
-    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale \
-            and (new.precision, new.scale) != (old.precision, old.scale)
-    return names in (["FLOAT", "DOUBLE"], ["DATE", "TIMESTAMP_NTZ"])
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -170,53 +148,6 @@ class WriteAttempt:
                 raise ValueError(f"not a write attempt id: {attempt!r}")
 
 
-@dataclass(frozen=True)
-class EmissionResult:
-    """How one chunk emission went: chunk rows emitted (``r``) and mirror rows it proved
-    gone from the source (``d`` rows, only for an emission with coverage)."""
-
-    window_id: str
-    table: TableId
-    rows_emitted: int
-    rows_deleted: int = 0
-
-
-@dataclass
-class BatchResult:
-    """What one micro-batch wrote."""
-
-    batch: int
-    events_written: int = 0
-    emissions: list[EmissionResult] = field(default_factory=list)
-
-
-@dataclass
-class TableBatch:
-    """One table's share of a micro-batch, in log order.
-
-    ``chunks``: window id -> the changelog files its capture wrote for the emission (see
-    :mod:`pipeline.handoff`); every emission has them.
-
-    ``coverage``: window id -> the key range ``(lower, upper]`` its chunk select read
-    completely (``None`` = open side). Mirror keys in that range that the chunk lacks
-    and the window did not see change no longer exist in the source: they are written as
-    ``d`` rows at the high watermark and deleted from the mirror. An emission without
-    coverage deletes nothing.
-
-    ``truncates``: positions, in log order, where the source table was truncated or dropped
-    (interleaved with ``events`` by position). Each becomes a changelog row ``op = 't'``
-    meaning *every row of the table before this position is gone*; the mirror keeps only the
-    changes after the last one.
-    """
-
-    table: TableId
-    events: list[ChangeEvent] = field(default_factory=list)
-    emissions: list[ChunkEmission] = field(default_factory=list)
-    chunks: dict[str, ChunkFiles] = field(default_factory=dict)
-    coverage: dict[str, KeyRange] = field(default_factory=dict)
-    truncates: list[Position] = field(default_factory=list)
-
-
 _READY_TYPES: dict[type[T.DataType], type] = {
     T.DecimalType: Decimal, T.DoubleType: float, T.FloatType: float,
     T.TimestampType: datetime, T.TimestampNTZType: datetime,
@@ -241,105 +172,6 @@ def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[C
         children.append(pa.array(values, arrow_type.field(i).type))
     mask = pa.array([img is None for img in images], pa.bool_())
     return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
-
-
-@dataclass(frozen=True)
-class _Survey:
-    """What the changelog rows a mirror lacks hold (:func:`_survey`)."""
-
-    rows: int
-    low: Any  # the least and greatest value of the first key column (None: no rows)
-    high: Any
-    top: int | None  # the greatest position (lsn)
-    truncated: Row | None  # the last TRUNCATE's position (lsn, seq) among them
-    spans: list[Row]  # per chunk (window): its rows' ``window``, ``low``, ``high``, ``rows``
-
-
-def _spanned(value: SparkColumn, dtype: T.DataType | None) -> SparkColumn:
-    """A first-key value as the survey hands it to Python: a TIMESTAMP as epoch
-    microseconds. Spark hands Python a TIMESTAMP as the host's local time, and in the hour a
-    host's clock falls back two instants share one local time: a bound built from it again
-    (:func:`_literal`) moved by an hour, and a MERGE pruned by it missed the key's row."""
-    return F.unix_micros(value) if isinstance(dtype, T.TimestampType) else value
-
-
-def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False,
-            dtype: T.DataType | None = None) -> _Survey:
-    """Count ``changes`` and bound their first key column and positions in one pass; only
-    when chunk rows are among them, a second pass bounds each chunk's rows.
-
-    With ``chunks_expected`` (the caller knows chunks were emitted since the last merge)
-    one pass grouped by chunk window serves both (:func:`_survey_by_chunk`). Grouping
-    costs a merge of log changes alone, the tail's every merge, more than it saves: a
-    rollup by 0.1-0.5 s on 200k changes, a grouping folded in Python by ~1 s in a tail's
-    last MERGE."""
-    if chunks_expected:
-        return _survey_by_chunk(changes, first, dtype)
-    summary = changes.agg(
-        *_change_figures(first, dtype),
-        F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
-    ).first()
-    if summary is None or not summary["rows"]:
-        return _Survey(0, None, None, None, None, [])
-    spans = [] if not summary["chunk_rows"] else (
-        changes.where(_is_chunk_row()).groupBy(F.col(WINDOW_COLUMN).alias("window")).agg(
-            F.min(_spanned(F.col("after").getField(first), dtype)).alias("low"),
-            F.max(_spanned(F.col("after").getField(first), dtype)).alias("high"),
-            F.count(F.lit(1)).alias("rows"),
-        ).collect())
-    return _Survey(int(summary["rows"]), summary["low"], summary["high"], int(summary["top"]),
-                   summary["truncated"], spans)
-
-
-def _survey_by_chunk(changes: DataFrame, first: str, dtype: T.DataType | None = None
-                     ) -> _Survey:
-    """:func:`_survey` in one pass: the changes grouped by chunk (every log change in one
-    group), the groups folded by :func:`fold_survey_groups`."""
-    return fold_survey_groups(changes.groupBy(
-        F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window"),
-    ).agg(*_change_figures(first, dtype)).collect())
-
-
-def _change_figures(first: str, dtype: T.DataType | None = None) -> list[SparkColumn]:
-    """The survey's aggregates of changes: ``rows``, the least and greatest value of the
-    first key column (``low``, ``high``; a delete's from ``before``), the greatest position
-    (``top``) and the last TRUNCATE's position (``truncated``)."""
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        F.min(_spanned(change_key(first), dtype)).alias("low"),
-        F.max(_spanned(change_key(first), dtype)).alias("high"),
-        F.max("_dblog_lsn").alias("top"),
-        F.max(F.when(F.col("op") == TRUNCATE_OP,
-                     F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
-    ]
-
-
-def fold_survey_groups(groups: Sequence[Row]) -> _Survey:
-    """The survey of every change from its groups' (``window``: a chunk's, None for the
-    log changes; ``rows``, ``low``, ``high``, ``top``, ``truncated``), in any order. Values
-    are ordered as Spark's min and max order them (a NaN above every number), so the
-    bounds are those one aggregate over every change gives."""
-    if not groups:
-        return _Survey(0, None, None, None, None, [])
-    lows = [g["low"] for g in groups if g["low"] is not None]
-    highs = [g["high"] for g in groups if g["high"] is not None]
-    truncates = [g["truncated"] for g in groups if g["truncated"] is not None]
-    return _Survey(
-        sum(int(g["rows"]) for g in groups),
-        min(lows, key=_spark_order) if lows else None,
-        max(highs, key=_spark_order) if highs else None,
-        max(int(g["top"]) for g in groups),
-        max(truncates, key=lambda t: (int(t[0]), int(t[1]))) if truncates else None,
-        [Row(window=g["window"], low=g["low"], high=g["high"], rows=g["rows"])
-         for g in groups if g["window"] is not None])
-
-
-def _spark_order(value: Any) -> tuple[int, Any]:
-    """A sort key that orders key values as Spark's min and max do: a float NaN above
-    every number (Python's comparisons with NaN are all false)."""
-    if isinstance(value, float) and math.isnan(value):
-        return (1, 0.0)
-    return (0, value)
 
 
 @dataclass(frozen=True)
@@ -371,131 +203,8 @@ class MaintenanceReport:
         return text
 
 
-def retry_concurrent_commits(action: Callable[[], None], *, pause_s: float,
-                             attempts: int = 5) -> None:
-    """Run an idempotent Delta write again when its commit lost to another writer's
-    (Delta's ``Concurrent...`` conflicts), pausing ``pause_s`` times the attempt number."""
-    for attempt in range(attempts):
-        try:
-            action()
-            return
-        except Exception as exc:
-            if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(pause_s * (attempt + 1))
-
-
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
     return json.dumps(metadata, sort_keys=True, default=str)
-
-
-def _is_chunk_row() -> SparkColumn:
-    """A changelog row a chunk emitted (``r`` with its window), not a log event."""
-    return F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == Op.READ.value)
-
-
-def _ts(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def changelog_schema(columns: Sequence[Column]) -> T.StructType:
-    row = struct_of(columns)
-    source = T.StructType([
-        T.StructField("name", T.StringType()),
-        T.StructField("database", T.StringType()),
-        T.StructField("table", T.StringType()),
-        T.StructField("commit_ts", T.TimestampType()),
-    ])
-    return T.StructType([
-        T.StructField("op", T.StringType(), False),
-        T.StructField("before", row),
-        T.StructField("after", row),
-        T.StructField("source", source),
-        T.StructField("_dblog_lsn", T.LongType(), False),
-        T.StructField("_dblog_seq", T.LongType(), False),
-        T.StructField(WINDOW_COLUMN, T.StringType()),
-        T.StructField("_dblog_batch", T.LongType()),
-        T.StructField(ATTEMPT_COLUMN, T.StringType()),
-    ])
-
-
-def mirror_schema(columns: Sequence[Column]) -> T.StructType:
-    fields = list(struct_of(columns).fields)
-    fields += [T.StructField(c, T.LongType(), False) for c in META_COLUMNS]
-    return T.StructType(fields)
-
-
-def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
-    """A key value as a typed Spark literal; no value goes through the host's local time.
-
-    TIMESTAMP_NTZ: from its text. TIMESTAMP: from epoch microseconds, given as such (a
-    survey's bound, :func:`_spanned`) or from a time-zone-aware datetime (the engine's
-    canonical form); a naive one would be read as local time, and is refused."""
-    value = coerce(value, dtype)
-    if isinstance(dtype, T.TimestampNTZType) and isinstance(value, datetime):
-        return F.lit(value.isoformat(sep=" ")).cast(dtype)
-    if isinstance(dtype, T.TimestampType) and value is not None:
-        return F.timestamp_micros(F.lit(epoch_micros(value)))
-    return F.lit(value).cast(dtype)
-
-
-def epoch_micros(value: Any) -> int:
-    """A TIMESTAMP value (epoch microseconds, or an aware datetime) as epoch microseconds."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        delta = value - datetime(1970, 1, 1, tzinfo=UTC)
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    raise ValueError(f"a TIMESTAMP bound needs an aware datetime or epoch microseconds, "
-                     f"got {value!r}")
-
-
-def _between(column: SparkColumn, low: Any, high: Any, dtype: T.DataType) -> SparkColumn:
-    """``low <= column <= high``, the bounds as typed literals (Delta's data skipping reads
-    such a span from the files' statistics)."""
-    return (column >= _literal(low, dtype)) & (column <= _literal(high, dtype))
-
-
-def _compare(cols: Sequence[SparkColumn], bound: Key, types: Sequence[T.DataType],
-             *, above: bool) -> SparkColumn:
-    """Lexicographic ``cols > bound`` (``above``) or ``cols <= bound``, as SQL compares row
-    values: ``(c1 > b1) OR (c1 = b1 AND c2 > b2) OR ...`` (the last term ``<=`` for below)."""
-    terms: list[SparkColumn] = []
-    for i, col in enumerate(cols):
-        lit = _literal(bound[i], types[i])
-        prefix = [cols[j] == _literal(bound[j], types[j]) for j in range(i)]
-        last = i == len(cols) - 1
-        step = (col > lit) if above else (col <= lit if last else col < lit)
-        terms.append(reduce(SparkColumn.__and__, [*prefix, step]))
-    return reduce(SparkColumn.__or__, terms)
-
-
-def key_range_predicate(
-    key: Sequence[str], key_range: KeyRange, types: Sequence[T.DataType]
-) -> SparkColumn:
-    """Rows whose key lies in ``(lower, upper]`` (see :mod:`pipeline.chunking`)."""
-    cols = [F.col(quote_ident(k)) for k in key]
-    parts: list[SparkColumn] = [F.lit(True)]
-    if key_range.lower is not None:
-        parts.append(_compare(cols, key_range.lower, types, above=True))
-    if key_range.upper is not None:
-        parts.append(_compare(cols, key_range.upper, types, above=False))
-    return reduce(SparkColumn.__and__, parts)
-
-
-def _maybe_in(key_range: KeyRange, key: Key) -> bool:
-    """Whether ``key`` may lie in ``key_range`` (True when Python cannot tell)."""
-    try:
-        return key_range.contains(key)
-    except (TypeError, ValueError):
-        return True
-
-
-def _newer(s: str, t: str) -> str:
-    return (
-        f"({s}._dblog_lsn > {t}._dblog_lsn OR "
-        f"({s}._dblog_lsn = {t}._dblog_lsn AND {s}._dblog_seq > {t}._dblog_seq))"
-    )
 
 
 class DeltaSink:
@@ -531,8 +240,9 @@ class DeltaSink:
         while the mirror merger trims it (and takes its table off)."""
         self._emissions_unsurveyed: set[TableId] = set()
         """Tables with a changelog commit of chunk emissions this sink wrote since a merge
-        last surveyed them: their next merge surveys by chunk (:func:`_survey`). Only a
-        hint: a survey's figures never depend on it."""
+        last surveyed them: their next merge surveys by chunk
+        (:func:`pipeline.lake.survey.survey`). Only a hint: a survey's figures never depend
+        on it."""
 
     # ---- tables and schema ------------------------------------------------------------
 
@@ -734,16 +444,6 @@ class DeltaSink:
             pairs = ", ".join(f"'{k}' = '{v}'" for k, v in todo.items())
             self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} SET TBLPROPERTIES ({pairs})")
 
-    @staticmethod
-    def _features_for(types: Sequence[T.DataType], names: Sequence[str]) -> dict[str, str]:
-        """Table features an ALTER introducing these columns/types needs enabled first."""
-        props: dict[str, str] = {}
-        if any(contains_type(t, T.TimestampNTZType) for t in types):
-            props.update(TIMESTAMP_NTZ_FEATURE)  # Delta requires enabling it by hand
-        if needs_column_mapping(names):
-            props.update(COLUMN_MAPPING)
-        return props
-
     def _complete_targets(self, table: TableId, columns: Sequence[Column]) -> bool:
         """Give every place a column lives (:meth:`_targets`) each of ``columns``, at least
         as wide; whether anything was altered. A place with a type Delta cannot widen is
@@ -784,7 +484,7 @@ class DeltaSink:
     def _add_to(self, path: str, prefix: str, missing: Sequence[Column]) -> None:
         """One ALTER adding ``missing`` to the lake table at ``path`` (under ``prefix``)."""
         types = [spark_type(c.spark_type) for c in missing]
-        self._set_props(path, self._features_for(types, [c.name for c in missing]))
+        self._set_props(path, features_for(types, [c.name for c in missing]))
         ddl = ", ".join(
             f"{prefix}{quote_ident(c.name)} {t.simpleString()}"
             for c, t in zip(missing, types, strict=True)
@@ -825,7 +525,7 @@ class DeltaSink:
     def _widen_at(self, path: str, prefix: str, name: str, new_type: T.DataType) -> None:
         """One ALTER widening column ``name`` (under ``prefix``) of the lake table at
         ``path`` to ``new_type``, type widening enabled there first."""
-        self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
+        self._set_props(path, {**TYPE_WIDENING, **features_for([new_type], [])})
         self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
                        f"{prefix}{quote_ident(name)} TYPE {new_type.simpleString()}")
 
@@ -904,7 +604,7 @@ class DeltaSink:
             [pa.array([self.layout.source] * rows, pa.string()),
              pa.array([tb.table.database] * rows, pa.string()),
              pa.array([tb.table.table] * rows, pa.string()),
-             pa.array([_ts(ev.commit_ts_ms) for ev in events] + [None] * n_truncates,
+             pa.array([commit_time(ev.commit_ts_ms) for ev in events] + [None] * n_truncates,
                       source_type.field("commit_ts").type)],
             fields=list(source_type),
         )
@@ -959,7 +659,7 @@ class DeltaSink:
         gone = gone.join(unmerged, on=list(key), how="left_anti")
         kept = set(em.dropped_keys) | {
             ev.key for ev in tb.events
-            if ev.position < em.position and _maybe_in(coverage, ev.key)}
+            if ev.position < em.position and maybe_in(coverage, ev.key)}
         if kept:
             gone = gone.join(keys_frame(self.spark, list(kept), key, types),
                              on=list(key), how="left_anti")
@@ -974,7 +674,7 @@ class DeltaSink:
                 F.lit(self.layout.source).alias("name"),
                 F.lit(table.database).alias("database"),
                 F.lit(table.table).alias("table"),
-                F.lit(_ts(em.commit_ts_ms)).cast(T.TimestampType()).alias("commit_ts"),
+                F.lit(commit_time(em.commit_ts_ms)).cast(T.TimestampType()).alias("commit_ts"),
             ).alias("source"),
             F.lit(em.position.lsn).cast(T.LongType()).alias("_dblog_lsn"),
             (F.lit(em.position.seq + files.selected) + F.row_number().over(order))
@@ -1218,19 +918,19 @@ class DeltaSink:
         first = self.key_columns(table)[0]
         dtype = spark_type(next(c.spark_type for c in self.known_columns(table)
                                 if c.name == first))
-        survey = _survey(changes, first, chunks_expected=chunks_expected, dtype=dtype)
-        rows = survey.rows
+        found = survey(changes, first, chunks_expected=chunks_expected, dtype=dtype)
+        rows = found.rows
         if rows == 0:
             if through_lsn is not None:
                 self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
                 self._note_merged_through(table, through_lsn)
             return 0
-        assert survey.top is not None
-        mark = int(through_lsn if through_lsn is not None else survey.top)
-        truncated = survey.truncated
-        if truncated is None and survey.spans:
+        assert found.top is not None
+        mark = int(through_lsn if through_lsn is not None else found.top)
+        truncated = found.truncated
+        if truncated is None and found.spans:
             began = time.monotonic()
-            appended = self._append_new_chunk_rows(table, changes, survey.spans, metadata,
+            appended = self._append_new_chunk_rows(table, changes, found.spans, metadata,
                                                    mark, rows, (app_id or self.app_id, batch))
             if appended.windows:
                 log.info("mirror of %s: %d rows of %d chunks appended in %.2fs; %d changes "
@@ -1247,7 +947,7 @@ class DeltaSink:
                 self._merge_mirror(
                     table, changes, self.known_columns(table), self.key_columns(table),
                     Position(int(truncated[0]), int(truncated[1])) if truncated else None,
-                    key_span=None if survey.low is None else (survey.low, survey.high),
+                    key_span=None if found.low is None else (found.low, found.high),
                 )
 
         # Another writer of the mirror (a repair by hand) may commit first; the MERGE is
@@ -1264,7 +964,7 @@ class DeltaSink:
         commit, instead of merging them; the rest of ``changes`` is left to merge. That
         commit carries the merge's mark when it holds all ``rows``. ``spans``: each chunk's
         window, the least and greatest value of its rows' first key column, and how many
-        rows it has (:func:`_survey`).
+        rows it has (:func:`pipeline.lake.survey.survey`).
 
         A chunk whose key span holds no mirror file, or mirror files with fewer rows than
         half its own (a first capture while writers run: their changes reached the mirror
@@ -1308,7 +1008,7 @@ class DeltaSink:
             low, high = span["low"], span["high"]
             if any(not (high < lo or low > hi) for lo, hi in taken.values()):
                 continue
-            files, held = txn.records_where(_between(target, low, high, dtype))
+            files, held = txn.records_where(between(target, low, high, dtype))
             if files and (held is None or 2 * held >= int(span["rows"])):
                 continue
             taken[str(span["window"])] = (low, high)
@@ -1383,7 +1083,7 @@ class DeltaSink:
         snapshot, as columns ``_held_0``, ``_held_1``, ...: the same rows however often
         the frame is computed, whatever is committed meanwhile."""
         target = F.col(quote_ident(key[0]))
-        in_spans = reduce(lambda a, b: a | b, [_between(target, low, high, dtype)
+        in_spans = reduce(lambda a, b: a | b, [between(target, low, high, dtype)
                                                 for low, high in spans])
         return (self._mirror_spark.read.format("delta")
                 .option("versionAsOf", txn.read_version).load(txn.path)
@@ -1544,7 +1244,7 @@ class DeltaSink:
             if key_span is not None:
                 dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
                 target = F.col(f"t.{quote_ident(first)}")
-                on = F.expr(str(on)) & _between(target, *key_span, dtype)
+                on = F.expr(str(on)) & between(target, *key_span, dtype)
         values: dict[str, str | SparkColumn] = {
             quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
         }
@@ -1552,8 +1252,8 @@ class DeltaSink:
         merge = (
             DeltaTable.forPath(self._mirror_spark, self.layout.mirror(table)).alias("t")
             .merge(last.alias("s"), on)
-            .whenMatchedDelete(condition=f"s.{quote_ident(op)} = 'd' AND {_newer('s', 't')}")
-            .whenMatchedUpdate(condition=f"s.{quote_ident(op)} <> 'd' AND {_newer('s', 't')}",
+            .whenMatchedDelete(condition=f"s.{quote_ident(op)} = 'd' AND {newer('s', 't')}")
+            .whenMatchedUpdate(condition=f"s.{quote_ident(op)} <> 'd' AND {newer('s', 't')}",
                                set=values)
             .whenNotMatchedInsert(condition=f"s.{quote_ident(op)} <> 'd'", values=values)
         )
