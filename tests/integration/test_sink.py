@@ -399,8 +399,8 @@ def test_a_creation_killed_before_its_first_commit_does_not_block_the_next_one(
     layout = LakeLayout(tmp_path / "lake", "src")
     sink = DeltaSink(spark, layout)
     if unborn == "mirror":
-        sink._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
-                           {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+        sink.tables._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                                  {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
     log_dir = Path(getattr(layout, unborn)(TABLE)) / "_delta_log"
     (log_dir / "_staged_commits").mkdir(parents=True)
     (log_dir / ".00000000000000000000.json.0d4c.tmp").write_text("{")
@@ -414,9 +414,9 @@ def test_a_delta_log_with_a_commit_is_never_removed(spark: Any, tmp_path: Path) 
     layout = LakeLayout(tmp_path / "lake", "src")
     sink = DeltaSink(spark, layout)
     sink.ensure_tables(SCHEMA)
-    assert not sink._remove_unborn_log(layout.changelog(TABLE))
+    assert not sink.tables._remove_unborn_log(layout.changelog(TABLE))
     assert rows(spark, layout.changelog(TABLE)) == []
-    assert not sink._remove_unborn_log(str(tmp_path / "nothing-here"))
+    assert not sink.tables._remove_unborn_log(str(tmp_path / "nothing-here"))
 
 
 def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_both(
@@ -432,8 +432,8 @@ def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
     layout = LakeLayout(tmp_path / "lake", "src")
     capture, tailer = DeltaSink(spark, layout), DeltaSink(spark, layout)
-    capture._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
-                          {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+    capture.tables._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                                 {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
     tailer.ensure_schema(wider)
     capture.ensure_tables(SCHEMA)
     for side in ("before", "after"):
@@ -462,8 +462,9 @@ def test_a_tailer_restarted_after_creating_the_mirror_beside_a_narrower_changelo
     layout = LakeLayout(tmp_path / "lake", "src")
     props = {**table_properties(narrow.names), "dblog.key": '["id"]'}
     creator = DeltaSink(spark, layout)
-    creator._create_table(layout.changelog(TABLE), changelog_schema(narrow.columns), props)
-    creator._create_table(layout.mirror(TABLE), mirror_schema(wider.columns), props)
+    creator.tables._create_table(layout.changelog(TABLE), changelog_schema(narrow.columns),
+                                 props)
+    creator.tables._create_table(layout.mirror(TABLE), mirror_schema(wider.columns), props)
     restarted = DeltaSink(spark, layout)
     restarted.ensure_schema(wider)
     for side in ("before", "after"):
@@ -670,7 +671,7 @@ def test_a_fresh_changelog_and_mirror_are_readable_by_delta_rs(
     assert changelog[2]["after"] == {"id": 2, "name": "two"}
     assert changelog[3]["before"] == {"id": 1, "name": "n1"} and changelog[3]["after"] is None
     for path in (sink.layout.changelog(odd), sink.layout.mirror(odd)):
-        assert "delta.enableTypeWidening" not in sink._table_props(path)
+        assert "delta.enableTypeWidening" not in sink.tables.properties(path)
 
 
 def test_type_widening_is_enabled_only_when_a_column_widens(
@@ -681,7 +682,7 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
     sink.ensure_schema(narrow)
     sink.ensure_schema(TableSchema(TABLE, (*SCHEMA.columns, Column("n", "BIGINT")), ("id",)))
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
-        assert sink._table_props(path).get("delta.enableTypeWidening") == "true"
+        assert sink.tables.properties(path).get("delta.enableTypeWidening") == "true"
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, n=2**40)]), 1, {})
     assert [r["n"] for r in rows(spark, sink.layout.mirror(TABLE))] == [2**40]
     log = rows(spark, sink.layout.changelog(TABLE))
@@ -964,12 +965,12 @@ def test_a_new_column_with_an_unsafe_name_turns_column_mapping_on(
 ) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    assert "delta.columnMapping.mode" not in sink._table_props(sink.layout.mirror(TABLE))
+    assert "delta.columnMapping.mode" not in sink.tables.properties(sink.layout.mirror(TABLE))
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("unit price", "DECIMAL(10,2)"),
                                 Column("seen", "TIMESTAMP_NTZ")), ("id",))
     sink.ensure_schema(wider)
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
-        assert sink._table_props(path)["delta.columnMapping.mode"] == "name"
+        assert sink.tables.properties(path)["delta.columnMapping.mode"] == "name"
     event = ChangeEvent(TABLE, Op.CREATE, (1,), Position(100), after={
         "id": 1, "name": "a", "unit price": 3, "seen": datetime(2024, 5, 6, 7, 8, 9)})
     sink.write_table_batch(TableBatch(TABLE, [event]), 1, {})
