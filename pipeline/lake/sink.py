@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import reduce
@@ -50,15 +48,17 @@ from pipeline.events import Op, Position, TableId
 from pipeline.handoff import ChunkFiles
 from pipeline.lake.batches import BatchResult, EmissionResult, TableBatch
 from pipeline.lake.chunks import keys_frame
-from pipeline.lake.current import after_position, change_key, mirror_mark, newest_first
+from pipeline.lake.current import after_position, change_key, newest_first
 from pipeline.lake.deltalog import (
     DeltaTxn,
     action_rows,
     files_dataframe,
     retry_concurrent_commits,
 )
+from pipeline.lake.fencing import WriteAttempt, WriteAttempts, fences_refusing
 from pipeline.lake.layout import LakeLayout
 from pipeline.lake.maintenance import Maintenance, MaintenanceReport
+from pipeline.lake.mirror_progress import MirrorProgress
 from pipeline.lake.predicates import (
     between,
     commit_time,
@@ -87,7 +87,6 @@ from pipeline.lake.survey import survey as _survey
 from pipeline.lake.tables import LakeTables, SchemaEvolutionError
 from pipeline.lake.types import (
     ATTEMPT_COLUMN,
-    LSN_FLOOR,
     META_COLUMNS,
     MIRROR_LSN,
     TRUNCATE_OP,
@@ -116,31 +115,9 @@ __all__ = [
 _BROADCAST_KEYS = 200_000
 """At most this many keys that keep chunk rows out of a mirror's append are broadcast to the
 join that finds them (a busy source's changes between two merges are far fewer)."""
-_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
-_FENCE_PREFIX = "dblog_fence_"
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-_COMMIT_IDENTITY = ("dblog.app", "dblog.batch", "dblog.from_lsn", "dblog.to_lsn", "table")
-"""What identifies one batch's changelog commit (``dblog.app`` may be absent: older runs)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WriteAttempt:
-    """One attempt at writing a batch: ``id`` tags its changelog rows; ``earlier`` are the
-    attempts at the same batch recorded before it (a replay after a crash or a takeover),
-    whose commits must be found or fenced off before this one writes. ``legacy_replay``: the
-    batch was recorded by a version that wrote without attempt ids (found by its commit
-    metadata instead)."""
-
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    earlier: tuple[str, ...] = ()
-    legacy_replay: bool = False
-
-    def __post_init__(self) -> None:
-        for attempt in (self.id, *self.earlier):
-            if not _ATTEMPT_ID.fullmatch(attempt):
-                raise ValueError(f"not a write attempt id: {attempt!r}")
 
 
 _READY_TYPES: dict[type[T.DataType], type] = {
@@ -198,22 +175,8 @@ class DeltaSink:
         self.layout = layout
         self.tables = LakeTables(self.spark, layout, self.mirror_lock)
         self.maintenance = Maintenance(self.spark, layout, self.mirror_lock)
-        self._mirror_lsn: dict[TableId, int] = {}
-        """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
-        self._attempt_column: set[TableId] = set()
-        """Tables whose changelog is known to have :data:`ATTEMPT_COLUMN`."""
-        self._unmerged_truncates: dict[TableId, tuple[int, ...]] = {}
-        """Per table: the ``_dblog_lsn`` of every truncate row the mirror lacks (absent: not
-        known yet, read from the changelog once). Written truncates add to it, merges take
-        off what they covered: the changelog is read again only after a restart."""
-        self._truncates_lock = threading.Lock()
-        """The tailer adds to :attr:`_unmerged_truncates` (and :attr:`_emissions_unsurveyed`)
-        while the mirror merger trims it (and takes its table off)."""
-        self._emissions_unsurveyed: set[TableId] = set()
-        """Tables with a changelog commit of chunk emissions this sink wrote since a merge
-        last surveyed them: their next merge surveys by chunk
-        (:func:`pipeline.lake.survey.survey`). Only a hint: a survey's figures never depend
-        on it."""
+        self.progress = MirrorProgress(self.spark, self._mirror_spark, layout)
+        self.attempts = WriteAttempts(self.spark, layout, self.tables)
 
     # ---- tables and schema (pipeline.lake.tables) ---------------------------------------
 
@@ -315,13 +278,13 @@ class DeltaSink:
         table = tb.table
         coverage = tb.coverage.get(em.window.window_id)
         if coverage is None or any(t < em.position for t in tb.truncates) \
-                or self._truncated_unmerged(table):
+                or self.progress.truncated_unmerged(table):
             return None  # (after a truncate the mirror rows before it are gone already)
         types = {c.name: spark_type(c.spark_type) for c in columns}
         in_range = key_range_predicate(key, coverage, [types[k] for k in key])
         # Read before the mirror: a merge running meanwhile can only make this set larger
         # than needed.
-        unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
+        unmerged = (self.progress.unmerged(table).where(F.col("op") == Op.DELETE.value)
                     .select(*[change_key(k) for k in key]).where(in_range))
         in_mirror = self.spark.read.format("delta").load(self.layout.mirror(table)) \
             .where(in_range)
@@ -386,32 +349,6 @@ class DeltaSink:
             return False
         return DeltaTxn(self.spark, path).rows_exist_where(F.col("_dblog_lsn") > F.lit(lsn))
 
-    def _truncated_unmerged(self, table: TableId) -> bool:
-        """Whether a changelog row the mirror has not merged yet truncates the table."""
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-        if known is None:
-            # Read without the lock (a Spark job). Against a mirror position read before a
-            # merge that lands meanwhile, it can only name more truncates than remain.
-            found = tuple(int(r[0]) for r in self._unmerged(table)
-                          .where(F.col("op") == TRUNCATE_OP).select("_dblog_lsn").collect())
-            with self._truncates_lock:
-                known = self._unmerged_truncates.setdefault(table, found)
-        return bool(known)
-
-    def _note_truncates_written(self, table: TableId, lsns: Sequence[int]) -> None:
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-            if known is not None:
-                self._unmerged_truncates[table] = (*known, *lsns)
-
-    def _note_merged_through(self, table: TableId, lsn: int) -> None:
-        """The mirror holds every changelog row at or below ``lsn``."""
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-            if known is not None:
-                self._unmerged_truncates[table] = tuple(t for t in known if t > lsn)
-
     @property
     def app_id(self) -> str:
         """The default idempotent-write application id (a tailer passes its own)."""
@@ -447,24 +384,23 @@ class DeltaSink:
         if not columns:
             raise DblogError(f"no schema known for {table}: ensure_schema first")
         key = self.key_columns(table)
-        self._ensure_attempt_column(table)
+        self.attempts.ensure_attempt_column(table)
         commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id,
                            "dblog.attempt": attempt.id}
         counts: dict[str, tuple[int, int]] = {}
-        if not self._written_before(table, attempt, commit_metadata):
+        if not self.attempts.written_before(table, attempt, commit_metadata):
             counts = self._commit_changelog(tb, columns, key, batch, attempt, commit_metadata)
         elif tb.emissions:
             # An earlier attempt's commit holds this share: the counts come from its rows.
             path = self.layout.changelog(table)
-            emitted = self._count_emitted(
-                self._committed_rows(table, self._commit_version(path, commit_metadata)))
+            emitted = self._count_emitted(self.attempts.committed_rows(
+                table, self.attempts.commit_version(path, commit_metadata)))
             counts = {w: (emitted.get((w, Op.READ.value), 0), emitted.get((w, Op.DELETE.value), 0))
                       for w in tb.chunks}
         if tb.truncates:
-            self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
+            self.progress.note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
         if tb.emissions:
-            with self._truncates_lock:
-                self._emissions_unsurveyed.add(table)
+            self.progress.note_emissions_written(table)
         if merge_mirror:
             self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
         results = [
@@ -490,7 +426,7 @@ class DeltaSink:
         try:
             return self._write_share(tb, columns, key, batch, attempt, metadata)
         except Exception as exc:
-            if self._fenced_off(path, attempt.id):
+            if self.attempts.fenced_off(path, attempt.id):
                 raise LeadershipLost(
                     f"batch {batch} of {table} was fenced off: another tailer took this "
                     "batch over, so this one stops writing") from exc
@@ -531,8 +467,7 @@ class DeltaSink:
         # A chunk's files are added without passing through the writer, which enforces the
         # fence on the rows it writes: the transaction's own metadata says it here (a fence
         # added after it read conflicts with its commit).
-        fences = [k for k, v in txn.configuration().items()
-                  if k.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt.id in v]
+        fences = fences_refusing(txn.configuration(), attempt.id)
         if fences:
             raise DblogError(f"{path} refuses attempt {attempt.id} ({fences[0]})")
         txn.commit(actions, metadata)
@@ -542,30 +477,8 @@ class DeltaSink:
 
     def mirror_lsn(self, table: TableId) -> int:
         """Every changelog row of ``table`` at or below this ``_dblog_lsn`` is in the mirror
-        (read once from the mirror's commit history, then kept up to date)."""
-        if table not in self._mirror_lsn:
-            self._mirror_lsn[table] = self._recorded_mirror_lsn(table)
-        return self._mirror_lsn[table]
-
-    def _recorded_mirror_lsn(self, table: TableId) -> int:
-        """The mark of the mirror's latest merge (:func:`mirror_mark`)."""
-        path = self.layout.mirror(table)
-        if not self.tables.exists(path):
-            return LSN_FLOOR
-        return mirror_mark(self._mirror_spark, path)
-
-    def _unmerged(self, table: TableId, through_lsn: int | None = None,
-                  spark: SparkSession | None = None) -> DataFrame:
-        """The changelog rows the mirror lacks (up to ``through_lsn``), in no order.
-
-        The changelog is appended in log order by one writer, so these are exactly the
-        rows of the batches written since the mirror's last MERGE. (Read before the
-        mirror they are compared with: a MERGE in between only makes them more.)"""
-        rows = ((spark or self.spark).read.format("delta").load(self.layout.changelog(table))
-                .where(F.col("_dblog_lsn") > F.lit(self.mirror_lsn(table))))
-        if through_lsn is not None:
-            rows = rows.where(F.col("_dblog_lsn") <= F.lit(through_lsn))
-        return rows
+        (:meth:`MirrorProgress.mirror_lsn`)."""
+        return self.progress.mirror_lsn(table)
 
     def merge_mirror(self, table: TableId, batch: int, metadata: Mapping[str, Any], *,
                      app_id: str | None = None, through_lsn: int | None = None) -> int:
@@ -583,10 +496,8 @@ class DeltaSink:
                         app_id: str | None, through_lsn: int | None) -> int:
         if not self.known_columns(table):
             return 0
-        with self._truncates_lock:
-            chunks_expected = table in self._emissions_unsurveyed
-            self._emissions_unsurveyed.discard(table)
-        changes = self._unmerged(table, through_lsn, self._mirror_spark)
+        chunks_expected = self.progress.take_emissions_unsurveyed(table)
+        changes = self.progress.unmerged(table, through_lsn, self._mirror_spark)
         first = self.key_columns(table)[0]
         dtype = spark_type(next(c.spark_type for c in self.known_columns(table)
                                 if c.name == first))
@@ -594,8 +505,8 @@ class DeltaSink:
         rows = found.rows
         if rows == 0:
             if through_lsn is not None:
-                self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
-                self._note_merged_through(table, through_lsn)
+                self.progress.set_mirror_lsn(table, max(self.mirror_lsn(table), through_lsn))
+                self.progress.note_merged_through(table, through_lsn)
             return 0
         assert found.top is not None
         mark = int(through_lsn if through_lsn is not None else found.top)
@@ -609,8 +520,8 @@ class DeltaSink:
                          "left to merge", table, appended.rows, len(appended.windows),
                          time.monotonic() - began, rows - appended.rows)
             if appended.rows == rows:
-                self._mirror_lsn[table] = mark
-                self._note_merged_through(table, mark)
+                self.progress.set_mirror_lsn(table, mark)
+                self.progress.note_merged_through(table, mark)
                 return rows
             changes = appended.remaining
 
@@ -625,8 +536,8 @@ class DeltaSink:
         # Another writer of the mirror (a repair by hand) may commit first; the MERGE is
         # idempotent, so it runs again.
         retry_concurrent_commits(merge, pause_s=0.5)
-        self._mirror_lsn[table] = mark
-        self._note_merged_through(table, mark)
+        self.progress.set_mirror_lsn(table, mark)
+        self.progress.note_merged_through(table, mark)
         return rows
 
     def _append_new_chunk_rows(self, table: TableId, changes: DataFrame, spans: list[Row],
@@ -768,110 +679,6 @@ class DeltaSink:
         counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
                   .groupBy(WINDOW_COLUMN, "op").count().collect())
         return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
-
-    def _fenced_off(self, path: str, attempt: str) -> bool:
-        """Whether a replay's fence refuses rows of ``attempt`` (the append then failed on
-        the constraint, or on the metadata change that added it while in flight)."""
-        if not _ATTEMPT_ID.fullmatch(attempt):
-            return False
-        return any(key.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt in value
-                   for key, value in self.tables.properties(path).items())
-
-    def _ensure_attempt_column(self, table: TableId) -> None:
-        """Changelogs created before write attempts get the column (NULL in older rows)."""
-        if table in self._attempt_column:
-            return
-        path = self.layout.changelog(table)
-        names = self.spark.read.format("delta").load(path).schema.names
-        if ATTEMPT_COLUMN not in names:
-            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} "
-                           f"ADD COLUMNS ({ATTEMPT_COLUMN} STRING)")
-        self._attempt_column.add(table)
-
-    def _written_before(self, table: TableId, attempt: WriteAttempt,
-                        metadata: Mapping[str, Any]) -> bool:
-        """Whether an earlier attempt at this batch committed the table's share (then
-        nothing is written); fences the earlier attempts off first, so the answer is final."""
-        if attempt.earlier and self._fence(table, attempt):
-            return True
-        if attempt.legacy_replay:
-            return self._find_commit(self.layout.changelog(table), metadata) is not None
-        return False
-
-    def _fence(self, table: TableId, attempt: WriteAttempt) -> bool:
-        """Fence the earlier attempts at this batch off the table's changelog; True when one
-        of them had committed there.
-
-        One metadata commit: a CHECK constraint that refuses rows of those attempts. A
-        commit of theirs still in flight conflicts with it, and any later one violates it,
-        so none can land after this; Delta checks the constraint against the rows already
-        there, so it fails exactly when one had landed before (the attempt ids are ours:
-        32 hex digits, checked by :class:`WriteAttempt`)."""
-        path = self.layout.changelog(table)
-        refused = ", ".join(f"'{a}'" for a in attempt.earlier)
-        statement = (
-            f"ALTER TABLE delta.{quote_ident(path)} ADD CONSTRAINT {_FENCE_PREFIX}{attempt.id} "
-            f"CHECK ({ATTEMPT_COLUMN} IS NULL OR {ATTEMPT_COLUMN} NOT IN ({refused}))"
-        )
-        landed = False
-
-        def add() -> None:
-            nonlocal landed
-            try:
-                self.spark.sql(statement)
-            except Exception as exc:
-                if "DELTA_NEW_CHECK_CONSTRAINT_VIOLATION" not in str(exc):
-                    raise
-                landed = True
-
-        retry_concurrent_commits(add, pause_s=0.5)
-        return landed
-
-    def _commit_version(self, path: str, metadata: Mapping[str, Any]) -> int:
-        """The version of the changelog commit written with ``metadata`` (app and batch):
-        the latest, or an earlier one when the append was skipped as already written."""
-        version = self._find_commit(path, metadata)
-        if version is None:
-            raise DblogError(
-                f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is "
-                f"recorded as written to {path} but no commit in its history holds it: the "
-                "changelog's history was cleaned or rewritten; recapture the table into a "
-                "new lake path"
-            )
-        return version
-
-    def _find_commit(self, path: str, metadata: Mapping[str, Any]) -> int | None:
-        """The version of the changelog commit of the batch ``metadata`` names (any
-        attempt at it), or None: the latest, or one behind it (a replay after a crash, or a
-        maintenance commit meanwhile)."""
-        from delta.tables import DeltaTable
-
-        def ours(user_metadata: str | None) -> bool:
-            if not user_metadata:
-                return False
-            try:
-                found = json.loads(user_metadata)
-            except ValueError:
-                return False
-            return isinstance(found, dict) and all(
-                found.get(k, metadata[k]) == metadata[k] for k in _COMMIT_IDENTITY if k in metadata)
-
-        history = (DeltaTable.forPath(self.spark, path).history()
-                   .where(F.col("operation") == "WRITE")
-                   .select("version", "userMetadata").orderBy(F.desc("version")))
-        for row in history.toLocalIterator():
-            if ours(row["userMetadata"]):
-                return int(row["version"])
-        return None
-
-    def _committed_rows(self, table: TableId, version: int) -> DataFrame:
-        """The rows changelog commit ``version`` appended (its change feed; no other rows)."""
-        rows = (self.spark.read.format("delta")
-                .option("readChangeFeed", "true")
-                .option("startingVersion", version)
-                .option("endingVersion", version)
-                .load(self.layout.changelog(table)))
-        return rows.drop("_change_type", "_commit_version", "_commit_timestamp")
 
     def _merge_mirror(
         self,

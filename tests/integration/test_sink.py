@@ -695,13 +695,13 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
 def _read_backs(sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The changelog versions the sink reads emission counts back from, as it reads them."""
     reads: list[int] = []
-    read_back = sink._committed_rows
+    read_back = sink.attempts.committed_rows
 
     def counted(table: TableId, version: int) -> Any:
         reads.append(version)
         return read_back(table, version)
 
-    monkeypatch.setattr(sink, "_committed_rows", counted)
+    monkeypatch.setattr(sink.attempts, "committed_rows", counted)
     return reads
 
 
@@ -717,7 +717,7 @@ def test_emission_counts_come_from_the_files_statistics_not_the_changelog(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (20, 21)]),
                            1, {})
     reads = _read_backs(sink, monkeypatch)
-    monkeypatch.setattr(sink, "_find_commit", lambda *a: pytest.fail("history read"))
+    monkeypatch.setattr(sink.attempts, "_find_commit", lambda *a: pytest.fail("history read"))
     assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(2,)}), named([1, 2, 3, 4]))]) \
         == [("w1", 3, 0)]
     assert emit(spark, sink, 3, [(_emission(TABLE, "w2", 601, set()), named([5, 6])),
@@ -1218,12 +1218,12 @@ def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
     sink.write_table_batch(TableBatch(TABLE, truncates=[Position(200, 0)]), 2, {},
                            merge_mirror=False)
-    assert sink._truncated_unmerged(TABLE)  # read from the changelog
+    assert sink.progress.truncated_unmerged(TABLE)  # read from the changelog
 
     def known(s: DeltaSink) -> bool:
         with monkeypatch.context() as m:
-            m.setattr(s, "_unmerged", lambda *a, **k: pytest.fail("changelog read again"))
-            return s._truncated_unmerged(TABLE)
+            m.setattr(s.progress, "unmerged", lambda *a, **k: pytest.fail("changelog read again"))
+            return s.progress.truncated_unmerged(TABLE)
 
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 3, 300)]), 3, {}, merge_mirror=False)
     sink.write_table_batch(TableBatch(TABLE, truncates=[Position(400, 0)]), 4, {},
@@ -1238,7 +1238,7 @@ def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
                            merge_mirror=False)
     assert known(sink)
     again = make_sink(spark, tmp_path)  # a restart reads it from the changelog
-    assert again._truncated_unmerged(TABLE)
+    assert again.progress.truncated_unmerged(TABLE)
     again.merge_mirror(TABLE, 5, {})
     assert not known(again)
 
@@ -1378,7 +1378,7 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
                           (_emission(TABLE, "w2", 600, set()), named([20, 21]))],
          events=[ev(Op.CREATE, 40, 450), ev(Op.DELETE, 1, 550), ev(Op.UPDATE, 21, 650)],
          truncates=[Position(520, 3)], merge_mirror=False)
-    changes = sink._unmerged(TABLE)
+    changes = sink.progress.unmerged(TABLE)
     found = _survey(changes, "id")
     assert (found.rows, found.low, found.high, found.top, tuple(found.truncated or ())) == (
         8, 1, 40, 650, (520, 3))
