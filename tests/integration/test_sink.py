@@ -306,7 +306,7 @@ def test_a_batch_is_one_changelog_file_in_position_order(
     previous = sink.spark.conf.get(key)
     sink.spark.conf.set(key, "100")  # 30 Arrow batches, spread over the partitions
     try:
-        assert sink._events_df(batch, sink.known_columns(TABLE), 1, WriteAttempt().id)\
+        assert sink.changelog._events_df(batch, sink.known_columns(TABLE), 1, WriteAttempt().id)\
             .rdd.getNumPartitions() > 1
         sink.write_table_batch(batch, 1, {"dblog.batch": 1}, merge_mirror=False)
     finally:
@@ -838,7 +838,7 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed between the changelog and the mirror")
 
-    monkeypatch.setattr(sink, "_merge_mirror", crash)
+    monkeypatch.setattr(sink.merger, "_merge_mirror", crash)
     with pytest.raises(RuntimeError):
         sink.write_table_batch(batch(), 2, {"dblog.batch": 2}, attempt=crashed)
     monkeypatch.undo()
