@@ -114,9 +114,11 @@ def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namesp
             capturer = rt.capturer()
             capture_id = capturer.plan(plan_request([table], None, None))
             timer.start()
-            for method in ("write_table_batch", "_commit_changelog", "_coverage_deletes",
-                           "merge_mirror", "ensure_tables", "ensure_schema", "mirror_holds"):
+            for method in ("write_table_batch", "merge_mirror", "ensure_tables",
+                           "ensure_schema", "mirror_holds"):
                 profile.wrap(rt.sink, method, f"sink.{method}")
+            profile.wrap(rt.sink.changelog, "_commit_changelog", "sink._commit_changelog")
+            profile.wrap(rt.sink.coverage, "deletes", "sink._coverage_deletes")
             profile.wrap(rt.dialect, "write_watermark", "dialect.write_watermark")
             profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
             tailer = rt.tailer(on_batch=record_batches(batches))

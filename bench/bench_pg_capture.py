@@ -65,8 +65,9 @@ def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
     began = time.perf_counter()
     capture_id = rt.capturer().plan(plan_request([table], None, None))
     timer.start()
-    for method in ("write_table_batch", "_commit_changelog", "merge_mirror"):
+    for method in ("write_table_batch", "merge_mirror"):
         profile.wrap(rt.sink, method, f"sink.{method}")
+    profile.wrap(rt.sink.changelog, "_commit_changelog", "sink._commit_changelog")
     profile.wrap(capture_module, "write_chunk_files", "capture.write_chunk_files")
     try:
         with BackgroundTailer(rt.tailer(on_batch=record_batches(batches))) as bg:

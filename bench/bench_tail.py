@@ -221,8 +221,10 @@ def dblog_tail(rt: Any, db: str, table: str = TABLE) -> dict[str, Any]:
 
     batches: list[tuple[int, float]] = []
     profile = Profile()
-    for method in ("_events_df", "_commit_changelog", "_merge_mirror"):
-        profile.wrap(rt.sink, method, f"sink.{method}")
+    for part, method in ((rt.sink.changelog, "_events_df"),
+                         (rt.sink.changelog, "_commit_changelog"),
+                         (rt.sink.merger, "_merge_mirror")):
+        profile.wrap(part, method, f"sink.{method}")
     record = record_batches(batches)
     last_batch_at = 0.0
 

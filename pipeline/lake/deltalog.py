@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,8 @@ from pyspark.sql import types as T
 from pipeline.errors import DblogError
 from pipeline.lake.types import same_shape
 
-__all__ = ["DeltaTxn", "action_rows", "files_dataframe", "kept_active_session"]
+__all__ = ["DeltaTxn", "action_rows", "files_dataframe", "kept_active_session",
+           "retry_concurrent_commits"]
 
 
 def _jvm(spark: SparkSession) -> Any:
@@ -244,3 +245,17 @@ def _files_frame(spark: SparkSession, log: Any, snapshot: Any, adds: Any) -> Dat
     schema and column mapping."""
     jdf = log.createDataFrame(snapshot, adds, False, _jvm(spark).scala.Option.empty())
     return DataFrame(jdf, spark)
+
+
+def retry_concurrent_commits(action: Callable[[], None], *, pause_s: float,
+                             attempts: int = 5) -> None:
+    """Run an idempotent Delta write again when its commit lost to another writer's
+    (Delta's ``Concurrent...`` conflicts), pausing ``pause_s`` times the attempt number."""
+    for attempt in range(attempts):
+        try:
+            action()
+            return
+        except Exception as exc:
+            if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(pause_s * (attempt + 1))

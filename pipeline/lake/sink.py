@@ -16,490 +16,82 @@ at the high watermark, numbered with the chunk's ``r`` rows in key order) and ``
 or DROP: every row of the table before this position is gone). A capture's ``d`` rows are
 numbered after every row its chunk selected.
 
-Readers: new tables use no Delta feature delta-rs refuses; type widening is enabled on a
-table only when one of its columns widens (such a table needs a reader that supports it).
-The writer's idempotent-DML settings live in its own session, set only around its MERGE.
+:class:`DeltaSink` is a facade over the parts that do the work, each in its own module:
+
+- :mod:`pipeline.lake.tables`: creation, schema evolution, properties
+  (:mod:`pipeline.lake.schemas`: the tables' schemas and properties);
+- :mod:`pipeline.lake.changelog`: the changelog commit of a table's share of a batch
+  (:mod:`pipeline.lake.coverage`: its capture deletes);
+- :mod:`pipeline.lake.fencing`: write attempts, and fencing earlier ones off;
+- :mod:`pipeline.lake.mirror_merge`: the mirror MERGE (:mod:`pipeline.lake.mirror_append`:
+  chunk rows appended instead; :mod:`pipeline.lake.survey`: what a merge plans with;
+  :mod:`pipeline.lake.mirror_progress`: how far the mirror is);
+- :mod:`pipeline.lake.maintenance`: compaction and VACUUM;
+- :mod:`pipeline.lake.predicates`: typed key literals and predicates.
+
+The parts are composed, not inherited: each receives the shared state it needs (the two
+Spark sessions, the mirror lock, the :class:`LakeTables` that owns the column and key caches
+and the schema lock, the :class:`MirrorProgress` the tailer and the mirror merger share).
+Every name other modules import from here is re-exported.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-import re
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal
-from functools import reduce
+from collections.abc import Mapping
 from typing import Any
 
-import pyarrow as pa
-from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame, Row, SparkSession, Window
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql import SparkSession
 
 from pipeline.chunking import KeyRange
-from pipeline.errors import DblogError, LeadershipLost
-from pipeline.events import ChangeEvent, Key, Op, Position, TableId
-from pipeline.handoff import ChunkFiles
-from pipeline.lake.chunks import keys_frame
-from pipeline.lake.current import after_position, change_key, mirror_mark, newest_first
-from pipeline.lake.deltalog import DeltaTxn, action_rows, files_dataframe, kept_active_session
+from pipeline.events import TableId
+from pipeline.lake.batches import BatchResult, EmissionResult, TableBatch
+from pipeline.lake.changelog import Changelog
+from pipeline.lake.coverage import CoverageDeletes
+from pipeline.lake.deltalog import DeltaTxn, retry_concurrent_commits
+from pipeline.lake.fencing import WriteAttempt, WriteAttempts
 from pipeline.lake.layout import LakeLayout
-from pipeline.lake.types import (
-    ATTEMPT_COLUMN,
-    LSN_FLOOR,
-    META_COLUMNS,
-    MIRROR_LSN,
-    TRUNCATE_OP,
-    WINDOW_COLUMN,
-    coerce,
-    column_of,
-    contains_type,
-    name_apart,
-    needs_coercion,
-    quote_ident,
-    spark_type,
-    struct_of,
+from pipeline.lake.maintenance import Maintenance, MaintenanceReport
+from pipeline.lake.mirror_merge import MirrorMerge
+from pipeline.lake.mirror_progress import MirrorProgress
+from pipeline.lake.predicates import epoch_micros, key_range_predicate
+from pipeline.lake.schemas import (
+    CHANGELOG_STATS,
+    COLUMN_MAPPING,
+    NO_CHANGE_FEED,
+    RESERVED_COLUMNS,
+    TABLE_PROPERTIES,
+    TIMESTAMP_NTZ_FEATURE,
+    TYPE_WIDENING,
+    changelog_schema,
+    mirror_schema,
+    needs_column_mapping,
+    table_properties,
+    widens,
 )
+from pipeline.lake.survey import Survey as _Survey
+from pipeline.lake.survey import fold_survey_groups
+from pipeline.lake.survey import survey as _survey
+from pipeline.lake.tables import LakeTables, SchemaEvolutionError
 from pipeline.sources.base import Column, TableSchema
-from pipeline.window import ChunkEmission
 
-log = logging.getLogger(__name__)
-
-RESERVED_COLUMNS = tuple(sorted({*META_COLUMNS, WINDOW_COLUMN}))
-"""The lake's own columns beside a table's columns: the mirror's position, a chunk row's window.
-A source column may not take one of these names (in any case: Spark compares names without
-it)."""
-TABLE_PROPERTIES = {
-    "delta.enableChangeDataFeed": "true",
-    "delta.appendOnly": "false",
-    "delta.checkpointInterval": "100",
-}
-"""Properties of every new changelog and mirror. Nothing a non-Spark reader
-(delta-rs) refuses: type widening is enabled on a table only when one of its columns
-widens, column mapping only where a name needs it. A checkpoint every 100 commits, not
-Delta's 10: the commit that writes one waits for it (1-1.5 s), which on a tailer's
-1k-row appends was a third of their mean time (0.33 -> 0.23 s), while reads, which replay
-the commits after the checkpoint, did not slow (0.58 -> 0.51 s)."""
-NO_CHANGE_FEED = {"delta.enableChangeDataFeed": "false"}
-"""For the mirror: the changelog is the change feed. With Delta's feed on, each
-mirror MERGE also wrote a pre- and a post-image of every row it updated or deleted (20-35%
-of an update-heavy MERGE). Explicit, since the session's default turns the feed on."""
-TYPE_WIDENING = {"delta.enableTypeWidening": "true"}
-COLUMN_MAPPING = {
-    "delta.columnMapping.mode": "name",
-    "delta.minReaderVersion": "2",
-    "delta.minWriterVersion": "5",
-}
-TIMESTAMP_NTZ_FEATURE = {"delta.feature.timestampNtz": "supported"}
-_BROADCAST_KEYS = 200_000
-"""At most this many keys that keep chunk rows out of a mirror's append are broadcast to the
-join that finds them (a busy source's changes between two merges are far fewer)."""
-_INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
-_PARQUET_UNSAFE = set(" ,;{}()\n\t=")
-
-
-def needs_column_mapping(column_names: Sequence[str]) -> bool:
-    """Whether a name is not Parquet-safe (spaces, commas, parentheses... are legal in
-    MariaDB and PostgreSQL names), so the table needs column mapping."""
-    return any(_PARQUET_UNSAFE & set(name) for name in column_names)
-
-
-CHANGELOG_STATS = {
-    "delta.dataSkippingStatsColumns": "op,_dblog_lsn,_dblog_seq,_dblog_window_id,_dblog_batch",
-}
-"""Statistics of a new changelog: its position and batch columns, whatever the table's width
-(Delta's default, the first 32 leaf columns, misses ``_dblog_lsn`` behind the ``before`` and
-``after`` structs of a table of more than 14 columns). The mirror reads the changelog rows it
-has not merged yet by ``_dblog_lsn``, and these statistics let Delta skip every older file."""
-_ATTEMPT_ID = re.compile(r"[0-9a-f]{32}")
-_FENCE_PREFIX = "dblog_fence_"
-
-
-def table_properties(column_names: Sequence[str]) -> dict[str, str]:
-    """Delta properties for a new table; column mapping where a name is not Parquet-safe."""
-    props = dict(TABLE_PROPERTIES)
-    if needs_column_mapping(column_names):
-        props.update(COLUMN_MAPPING)
-    return props
-
-
-def widens(old: T.DataType, new: T.DataType) -> bool:
-    """Whether Delta type widening can turn ``old`` into ``new`` (lossless)."""
-    names = [t.simpleString().upper() for t in (old, new)]
-    if names[0] in _INTEGERS and names[1] in _INTEGERS:
-        return _INTEGERS.index(names[1]) > _INTEGERS.index(names[0])
-    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
-        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale \
-            and (new.precision, new.scale) != (old.precision, old.scale)
-    return names in (["FLOAT", "DOUBLE"], ["DATE", "TIMESTAMP_NTZ"])
-_TXN_APP = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-_COMMIT_IDENTITY = ("dblog.app", "dblog.batch", "dblog.from_lsn", "dblog.to_lsn", "table")
-"""What identifies one batch's changelog commit (``dblog.app`` may be absent: older runs)."""
-
-
-class SchemaEvolutionError(DblogError):
-    """A column changed type in a way Delta cannot widen."""
-
-
-@dataclass(frozen=True, slots=True)
-class WriteAttempt:
-    """One attempt at writing a batch: ``id`` tags its changelog rows; ``earlier`` are the
-    attempts at the same batch recorded before it (a replay after a crash or a takeover),
-    whose commits must be found or fenced off before this one writes. ``legacy_replay``: the
-    batch was recorded by a version that wrote without attempt ids (found by its commit
-    metadata instead)."""
-
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    earlier: tuple[str, ...] = ()
-    legacy_replay: bool = False
-
-    def __post_init__(self) -> None:
-        for attempt in (self.id, *self.earlier):
-            if not _ATTEMPT_ID.fullmatch(attempt):
-                raise ValueError(f"not a write attempt id: {attempt!r}")
-
-
-@dataclass(frozen=True)
-class EmissionResult:
-    """How one chunk emission went: chunk rows emitted (``r``) and mirror rows it proved
-    gone from the source (``d`` rows, only for an emission with coverage)."""
-
-    window_id: str
-    table: TableId
-    rows_emitted: int
-    rows_deleted: int = 0
-
-
-@dataclass
-class BatchResult:
-    """What one micro-batch wrote."""
-
-    batch: int
-    events_written: int = 0
-    emissions: list[EmissionResult] = field(default_factory=list)
-
-
-@dataclass
-class TableBatch:
-    """One table's share of a micro-batch, in log order.
-
-    ``chunks``: window id -> the changelog files its capture wrote for the emission (see
-    :mod:`pipeline.handoff`); every emission has them.
-
-    ``coverage``: window id -> the key range ``(lower, upper]`` its chunk select read
-    completely (``None`` = open side). Mirror keys in that range that the chunk lacks
-    and the window did not see change no longer exist in the source: they are written as
-    ``d`` rows at the high watermark and deleted from the mirror. An emission without
-    coverage deletes nothing.
-
-    ``truncates``: positions, in log order, where the source table was truncated or dropped
-    (interleaved with ``events`` by position). Each becomes a changelog row ``op = 't'``
-    meaning *every row of the table before this position is gone*; the mirror keeps only the
-    changes after the last one.
-    """
-
-    table: TableId
-    events: list[ChangeEvent] = field(default_factory=list)
-    emissions: list[ChunkEmission] = field(default_factory=list)
-    chunks: dict[str, ChunkFiles] = field(default_factory=dict)
-    coverage: dict[str, KeyRange] = field(default_factory=dict)
-    truncates: list[Position] = field(default_factory=list)
-
-
-_READY_TYPES: dict[type[T.DataType], type] = {
-    T.DecimalType: Decimal, T.DoubleType: float, T.FloatType: float,
-    T.TimestampType: datetime, T.TimestampNTZType: datetime,
-}
-"""Per lake type, the Python type :func:`coerce` returns unchanged."""
-
-
-def _image_array(images: Sequence[Mapping[str, Any] | None], columns: Sequence[Column],
-                 arrow_type: pa.StructType) -> pa.StructArray:
-    """Row images (``None`` = no image) as one Arrow struct column of the lake's types.
-
-    Values follow the lake column's type: a batch can hold rows decoded with an older,
-    narrower source type (a DATE before an ALTER to DATETIME, an INT before DOUBLE)."""
-    children = []
-    for i, col in enumerate(columns):
-        dtype = spark_type(col.spark_type)
-        name = col.name
-        values = [None if img is None else img.get(name) for img in images]
-        if needs_coercion(dtype):
-            ready = _READY_TYPES.get(type(dtype))  # values of this type need nothing
-            values = [v if v is None or type(v) is ready else coerce(v, dtype) for v in values]
-        children.append(pa.array(values, arrow_type.field(i).type))
-    mask = pa.array([img is None for img in images], pa.bool_())
-    return pa.StructArray.from_arrays(children, fields=list(arrow_type), mask=mask)
-
-
-@dataclass(frozen=True)
-class _Survey:
-    """What the changelog rows a mirror lacks hold (:func:`_survey`)."""
-
-    rows: int
-    low: Any  # the least and greatest value of the first key column (None: no rows)
-    high: Any
-    top: int | None  # the greatest position (lsn)
-    truncated: Row | None  # the last TRUNCATE's position (lsn, seq) among them
-    spans: list[Row]  # per chunk (window): its rows' ``window``, ``low``, ``high``, ``rows``
-
-
-def _spanned(value: SparkColumn, dtype: T.DataType | None) -> SparkColumn:
-    """A first-key value as the survey hands it to Python: a TIMESTAMP as epoch
-    microseconds. Spark hands Python a TIMESTAMP as the host's local time, and in the hour a
-    host's clock falls back two instants share one local time: a bound built from it again
-    (:func:`_literal`) moved by an hour, and a MERGE pruned by it missed the key's row."""
-    return F.unix_micros(value) if isinstance(dtype, T.TimestampType) else value
-
-
-def _survey(changes: DataFrame, first: str, *, chunks_expected: bool = False,
-            dtype: T.DataType | None = None) -> _Survey:
-    """Count ``changes`` and bound their first key column and positions in one pass; only
-    when chunk rows are among them, a second pass bounds each chunk's rows.
-
-    With ``chunks_expected`` (the caller knows chunks were emitted since the last merge)
-    one pass grouped by chunk window serves both (:func:`_survey_by_chunk`). Grouping
-    costs a merge of log changes alone, the tail's every merge, more than it saves: a
-    rollup by 0.1-0.5 s on 200k changes, a grouping folded in Python by ~1 s in a tail's
-    last MERGE."""
-    if chunks_expected:
-        return _survey_by_chunk(changes, first, dtype)
-    summary = changes.agg(
-        *_change_figures(first, dtype),
-        F.count(F.when(_is_chunk_row(), True)).alias("chunk_rows"),
-    ).first()
-    if summary is None or not summary["rows"]:
-        return _Survey(0, None, None, None, None, [])
-    spans = [] if not summary["chunk_rows"] else (
-        changes.where(_is_chunk_row()).groupBy(F.col(WINDOW_COLUMN).alias("window")).agg(
-            F.min(_spanned(F.col("after").getField(first), dtype)).alias("low"),
-            F.max(_spanned(F.col("after").getField(first), dtype)).alias("high"),
-            F.count(F.lit(1)).alias("rows"),
-        ).collect())
-    return _Survey(int(summary["rows"]), summary["low"], summary["high"], int(summary["top"]),
-                   summary["truncated"], spans)
-
-
-def _survey_by_chunk(changes: DataFrame, first: str, dtype: T.DataType | None = None
-                     ) -> _Survey:
-    """:func:`_survey` in one pass: the changes grouped by chunk (every log change in one
-    group), the groups folded by :func:`fold_survey_groups`."""
-    return fold_survey_groups(changes.groupBy(
-        F.when(_is_chunk_row(), F.col(WINDOW_COLUMN)).alias("window"),
-    ).agg(*_change_figures(first, dtype)).collect())
-
-
-def _change_figures(first: str, dtype: T.DataType | None = None) -> list[SparkColumn]:
-    """The survey's aggregates of changes: ``rows``, the least and greatest value of the
-    first key column (``low``, ``high``; a delete's from ``before``), the greatest position
-    (``top``) and the last TRUNCATE's position (``truncated``)."""
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        F.min(_spanned(change_key(first), dtype)).alias("low"),
-        F.max(_spanned(change_key(first), dtype)).alias("high"),
-        F.max("_dblog_lsn").alias("top"),
-        F.max(F.when(F.col("op") == TRUNCATE_OP,
-                     F.struct(F.col("_dblog_lsn"), F.col("_dblog_seq")))).alias("truncated"),
-    ]
-
-
-def fold_survey_groups(groups: Sequence[Row]) -> _Survey:
-    """The survey of every change from its groups' (``window``: a chunk's, None for the
-    log changes; ``rows``, ``low``, ``high``, ``top``, ``truncated``), in any order. Values
-    are ordered as Spark's min and max order them (a NaN above every number), so the
-    bounds are those one aggregate over every change gives."""
-    if not groups:
-        return _Survey(0, None, None, None, None, [])
-    lows = [g["low"] for g in groups if g["low"] is not None]
-    highs = [g["high"] for g in groups if g["high"] is not None]
-    truncates = [g["truncated"] for g in groups if g["truncated"] is not None]
-    return _Survey(
-        sum(int(g["rows"]) for g in groups),
-        min(lows, key=_spark_order) if lows else None,
-        max(highs, key=_spark_order) if highs else None,
-        max(int(g["top"]) for g in groups),
-        max(truncates, key=lambda t: (int(t[0]), int(t[1]))) if truncates else None,
-        [Row(window=g["window"], low=g["low"], high=g["high"], rows=g["rows"])
-         for g in groups if g["window"] is not None])
-
-
-def _spark_order(value: Any) -> tuple[int, Any]:
-    """A sort key that orders key values as Spark's min and max do: a float NaN above
-    every number (Python's comparisons with NaN are all false)."""
-    if isinstance(value, float) and math.isnan(value):
-        return (1, 0.0)
-    return (0, value)
-
-
-@dataclass(frozen=True)
-class _Appended:
-    """What :meth:`DeltaSink._append_new_chunk_rows` appended to a mirror: the chunks
-    (windows) it took rows of, how many rows, and the changes left to merge."""
-
-    windows: set[str]
-    rows: int
-    remaining: DataFrame
-
-
-@dataclass
-class MaintenanceReport:
-    """Data files of a table's changelog and mirror before and after a compaction."""
-
-    table: TableId
-    files: dict[str, tuple[int, int]] = field(default_factory=dict)
-    not_vacuumed: list[str] = field(default_factory=list)
-    """Tables left unvacuumed: they hold chunk files a pending batch will commit."""
-
-    def summary(self) -> str:
-        parts = [f"{name} {a} -> {b} files" for name, (a, b) in self.files.items()]
-        text = f"{self.table}: " + (", ".join(parts) if parts else "no Delta tables yet")
-        if self.not_vacuumed:
-            text += (f"; {', '.join(self.not_vacuumed)} not vacuumed: captures published chunk "
-                     "files a pending batch commits (run `dblog tail --until-caught-up`, then "
-                     "vacuum again)")
-        return text
-
-
-def retry_concurrent_commits(action: Callable[[], None], *, pause_s: float,
-                             attempts: int = 5) -> None:
-    """Run an idempotent Delta write again when its commit lost to another writer's
-    (Delta's ``Concurrent...`` conflicts), pausing ``pause_s`` times the attempt number."""
-    for attempt in range(attempts):
-        try:
-            action()
-            return
-        except Exception as exc:
-            if "Concurrent" not in type(exc).__name__ + str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(pause_s * (attempt + 1))
-
-
-def _metadata_json(metadata: Mapping[str, Any]) -> str:
-    return json.dumps(metadata, sort_keys=True, default=str)
-
-
-def _is_chunk_row() -> SparkColumn:
-    """A changelog row a chunk emitted (``r`` with its window), not a log event."""
-    return F.col(WINDOW_COLUMN).isNotNull() & (F.col("op") == Op.READ.value)
-
-
-def _ts(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def changelog_schema(columns: Sequence[Column]) -> T.StructType:
-    row = struct_of(columns)
-    source = T.StructType([
-        T.StructField("name", T.StringType()),
-        T.StructField("database", T.StringType()),
-        T.StructField("table", T.StringType()),
-        T.StructField("commit_ts", T.TimestampType()),
-    ])
-    return T.StructType([
-        T.StructField("op", T.StringType(), False),
-        T.StructField("before", row),
-        T.StructField("after", row),
-        T.StructField("source", source),
-        T.StructField("_dblog_lsn", T.LongType(), False),
-        T.StructField("_dblog_seq", T.LongType(), False),
-        T.StructField(WINDOW_COLUMN, T.StringType()),
-        T.StructField("_dblog_batch", T.LongType()),
-        T.StructField(ATTEMPT_COLUMN, T.StringType()),
-    ])
-
-
-def mirror_schema(columns: Sequence[Column]) -> T.StructType:
-    fields = list(struct_of(columns).fields)
-    fields += [T.StructField(c, T.LongType(), False) for c in META_COLUMNS]
-    return T.StructType(fields)
-
-
-def _literal(value: Any, dtype: T.DataType) -> SparkColumn:
-    """A key value as a typed Spark literal; no value goes through the host's local time.
-
-    TIMESTAMP_NTZ: from its text. TIMESTAMP: from epoch microseconds, given as such (a
-    survey's bound, :func:`_spanned`) or from a time-zone-aware datetime (the engine's
-    canonical form); a naive one would be read as local time, and is refused."""
-    value = coerce(value, dtype)
-    if isinstance(dtype, T.TimestampNTZType) and isinstance(value, datetime):
-        return F.lit(value.isoformat(sep=" ")).cast(dtype)
-    if isinstance(dtype, T.TimestampType) and value is not None:
-        return F.timestamp_micros(F.lit(epoch_micros(value)))
-    return F.lit(value).cast(dtype)
-
-
-def epoch_micros(value: Any) -> int:
-    """A TIMESTAMP value (epoch microseconds, or an aware datetime) as epoch microseconds."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        delta = value - datetime(1970, 1, 1, tzinfo=UTC)
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    raise ValueError(f"a TIMESTAMP bound needs an aware datetime or epoch microseconds, "
-                     f"got {value!r}")
-
-
-def _between(column: SparkColumn, low: Any, high: Any, dtype: T.DataType) -> SparkColumn:
-    """``low <= column <= high``, the bounds as typed literals (Delta's data skipping reads
-    such a span from the files' statistics)."""
-    return (column >= _literal(low, dtype)) & (column <= _literal(high, dtype))
-
-
-def _compare(cols: Sequence[SparkColumn], bound: Key, types: Sequence[T.DataType],
-             *, above: bool) -> SparkColumn:
-    """Lexicographic ``cols > bound`` (``above``) or ``cols <= bound``, as SQL compares row
-    values: ``(c1 > b1) OR (c1 = b1 AND c2 > b2) OR ...`` (the last term ``<=`` for below)."""
-    terms: list[SparkColumn] = []
-    for i, col in enumerate(cols):
-        lit = _literal(bound[i], types[i])
-        prefix = [cols[j] == _literal(bound[j], types[j]) for j in range(i)]
-        last = i == len(cols) - 1
-        step = (col > lit) if above else (col <= lit if last else col < lit)
-        terms.append(reduce(SparkColumn.__and__, [*prefix, step]))
-    return reduce(SparkColumn.__or__, terms)
-
-
-def key_range_predicate(
-    key: Sequence[str], key_range: KeyRange, types: Sequence[T.DataType]
-) -> SparkColumn:
-    """Rows whose key lies in ``(lower, upper]`` (see :mod:`pipeline.chunking`)."""
-    cols = [F.col(quote_ident(k)) for k in key]
-    parts: list[SparkColumn] = [F.lit(True)]
-    if key_range.lower is not None:
-        parts.append(_compare(cols, key_range.lower, types, above=True))
-    if key_range.upper is not None:
-        parts.append(_compare(cols, key_range.upper, types, above=False))
-    return reduce(SparkColumn.__and__, parts)
-
-
-def _maybe_in(key_range: KeyRange, key: Key) -> bool:
-    """Whether ``key`` may lie in ``key_range`` (True when Python cannot tell)."""
-    try:
-        return key_range.contains(key)
-    except (TypeError, ValueError):
-        return True
-
-
-def _newer(s: str, t: str) -> str:
-    return (
-        f"({s}._dblog_lsn > {t}._dblog_lsn OR "
-        f"({s}._dblog_lsn = {t}._dblog_lsn AND {s}._dblog_seq > {t}._dblog_seq))"
-    )
+__all__ = [
+    "CHANGELOG_STATS", "COLUMN_MAPPING", "NO_CHANGE_FEED", "RESERVED_COLUMNS",
+    "TABLE_PROPERTIES", "TIMESTAMP_NTZ_FEATURE", "TYPE_WIDENING", "BatchResult", "DeltaSink",
+    "DeltaTxn", "EmissionResult", "MaintenanceReport", "SchemaEvolutionError", "TableBatch",
+    "WriteAttempt", "_Survey", "_survey", "changelog_schema", "epoch_micros",
+    "fold_survey_groups", "key_range_predicate", "mirror_schema", "needs_column_mapping",
+    "retry_concurrent_commits", "table_properties", "widens",
+]
 
 
 class DeltaSink:
-    """Delta writer for one source's tables (changelog, mirror)."""
+    """Delta writer for one source's tables (changelog, mirror).
+
+    Its parts: ``tables`` (:class:`LakeTables`), ``attempts`` (:class:`WriteAttempts`),
+    ``progress`` (:class:`MirrorProgress`), ``coverage`` (:class:`CoverageDeletes`),
+    ``changelog`` (:class:`Changelog`), ``merger`` (:class:`MirrorMerge`) and
+    ``maintenance`` (:class:`Maintenance`)."""
 
     def __init__(self, spark: SparkSession, layout: LakeLayout) -> None:
         # Sessions with their own SQL conf: the mirror's MERGE sets Delta's idempotent-DML
@@ -510,540 +102,61 @@ class DeltaSink:
         # mirror away from a running MERGE.
         self._mirror_spark = spark.newSession()
         self.mirror_lock = threading.RLock()
-        self._schema_lock = threading.RLock()
-        """Table creation and schema changes, one at a time (a capture thread may create the
-        tables beside the tailer's thread)."""
         self.layout = layout
-        self._columns: dict[TableId, list[Column]] = {}
-        self._ensured: dict[TableId, TableSchema] = {}
-        """The last schema :meth:`ensure_schema` made the lake hold, per table."""
-        self._keys: dict[TableId, tuple[str, ...]] = {}
-        self._mirror_lsn: dict[TableId, int] = {}
-        """Per table: every changelog row at or below this ``_dblog_lsn`` is in the mirror."""
-        self._attempt_column: set[TableId] = set()
-        """Tables whose changelog is known to have :data:`ATTEMPT_COLUMN`."""
-        self._unmerged_truncates: dict[TableId, tuple[int, ...]] = {}
-        """Per table: the ``_dblog_lsn`` of every truncate row the mirror lacks (absent: not
-        known yet, read from the changelog once). Written truncates add to it, merges take
-        off what they covered: the changelog is read again only after a restart."""
-        self._truncates_lock = threading.Lock()
-        """The tailer adds to :attr:`_unmerged_truncates` (and :attr:`_emissions_unsurveyed`)
-        while the mirror merger trims it (and takes its table off)."""
-        self._emissions_unsurveyed: set[TableId] = set()
-        """Tables with a changelog commit of chunk emissions this sink wrote since a merge
-        last surveyed them: their next merge surveys by chunk (:func:`_survey`). Only a
-        hint: a survey's figures never depend on it."""
-
-    # ---- tables and schema ------------------------------------------------------------
-
-    def _exists(self, path: str, spark: SparkSession | None = None) -> bool:
-        from delta.tables import DeltaTable
-
-        return bool(DeltaTable.isDeltaTable(spark or self.spark, path))
-
-    def known_columns(self, table: TableId) -> list[Column]:
-        """The columns the lake holds for ``table`` (a superset of every schema seen)."""
-        if table not in self._columns and self._exists(self.layout.mirror(table)):
-            schema = self.spark.read.format("delta").load(self.layout.mirror(table)).schema
-            key = json.loads(self._table_props(self.layout.mirror(table)).get("dblog.key", "[]"))
-            # The key first: other threads (the mirror merger, a capture) take cached
-            # columns to mean the key is cached too. Only a missing entry is filled: a
-            # thread whose read began before another's ALTER must not put back the
-            # columns from before it.
-            self._keys.setdefault(table, tuple(key))
-            self._columns.setdefault(
-                table, [column_of(f) for f in schema.fields if f.name not in META_COLUMNS])
-        return self._columns.get(table, [])
-
-    def ensure_tables(self, schema: TableSchema) -> None:
-        """Create the table's Delta tables if the lake has none yet, and nothing else: what
-        a capture may do before the tailer writes (an empty table holds no change; schema
-        changes stay with the tailer, the tables' one writer). A concurrent creation (the
-        tailer's, another process's) is met by trying again (:meth:`_create_beside_others`)."""
-        with self._schema_lock:
-            if self.known_columns(schema.table):
-                return
-            self._refuse_reserved(schema)
-            self._create_beside_others(schema)
-
-    def ensure_schema(self, schema: TableSchema) -> None:
-        """Create the table's Delta tables, or add the columns they do not have yet.
-
-        Refuses a schema with a column of a :data:`RESERVED_COLUMNS` name, before any change
-        to the lake."""
-        with self._schema_lock:
-            self._ensure_schema(schema)
-
-    def _ensure_schema(self, schema: TableSchema) -> None:
-        table = schema.table
-        if self._ensured.get(table) == schema:  # the lake only gains columns and widens
-            return
-        self._refuse_reserved(schema)
-        current = self.known_columns(table)
-        if not current:
-            self._create_beside_others(schema)
-        if table not in self._ensured:
-            # Once per table and process, each lake table on its own: another creator's
-            # table may lack a column, or have it narrower, and either one (a capture's
-            # changelog beside this schema's mirror reads back as complete, the columns
-            # being read from the mirror), also after a crash between the creation and
-            # the ALTERs that complete it.
-            if self._complete_targets(table, schema.columns):
-                self._columns.pop(table, None)  # read back (a creation dropped them already)
-            current = self.known_columns(table)
-        by_name = {c.name: c for c in current}
-        added: list[Column] = []
-        for col in schema.columns:
-            have = by_name.get(col.name)
-            if have is None:
-                added.append(col)
-            elif spark_type(have.spark_type) != spark_type(col.spark_type):
-                self._widen(table, have, col)
-        if added:
-            self._add_columns(table, added)
-        self._ensured[table] = schema
-
-    def _create_table(
-        self,
-        path: str,
-        schema: T.StructType,
-        props: Mapping[str, str],
-        spark: SparkSession | None = None,
-        partitioned_by: Sequence[str] = (),
-    ) -> None:
-        from delta.tables import DeltaTable
-
-        builder = DeltaTable.createIfNotExists(spark or self.spark).location(path)
-        builder = builder.addColumns(schema)
-        if partitioned_by:
-            builder = builder.partitionedBy(*partitioned_by)
-        for key, value in props.items():
-            builder = builder.property(key, value)
-        builder.execute()
-
-    @staticmethod
-    def _refuse_reserved(schema: TableSchema) -> None:
-        table = schema.table
-        clash = [c.name for c in schema.columns if c.name.lower() in RESERVED_COLUMNS]
-        if clash:
-            raise DblogError(
-                f"{table}: the column name {', '.join(clash)} is one the lake's tables "
-                f"reserve for dblog ({', '.join(RESERVED_COLUMNS)}, in any case); rename it in "
-                f"the source, or leave {table} out of the configuration (a tailer that met "
-                "it in the log goes on past it with `dblog tail --from-head`, then "
-                "`dblog capture`)")
-
-    def _create_beside_others(self, schema: TableSchema, attempts: int = 4) -> None:
-        """Create the table's Delta tables, another process creating them at the same
-        moment (a capture beside its first select, the tailer at a high watermark) or not:
-        Delta refuses the creation that lost the race (a protocol or metadata change), and
-        the creation is tried again, which then finds the winner's tables."""
-        for attempt in range(1, attempts + 1):
-            try:
-                self._create(schema)
-                return
-            except Exception as exc:
-                self._columns.pop(schema.table, None)
-                for path in (self.layout.changelog(schema.table),
-                             self.layout.mirror(schema.table)):
-                    self._remove_unborn_log(path)
-                if attempt == attempts:
-                    raise
-                log.info("creating the lake tables of %s met another creator (%s); trying "
-                         "again", schema.table, type(exc).__name__)
-                time.sleep(0.2 * attempt)
-
-    def _remove_unborn_log(self, path: str) -> bool:
-        """Remove the Delta log directory of the table at ``path`` if it holds no commit: a
-        creation killed after Delta made the directory (with ``_staged_commits`` in it) and
-        before its first commit left one, and Delta then refuses to create the table there
-        (``DELTA_TABLE_NOT_FOUND``), so every later creation failed.
-
-        Such a directory holds no file but hidden ones (the temporary file of a commit never
-        renamed into place, its checksum): those are deleted, then the directories one by
-        one, each only if empty, so that a commit another creator lands meanwhile stays.
-        Returns whether the directory is gone."""
-        from py4j.protocol import Py4JJavaError
-
-        jvm = self.spark._jvm
-        assert jvm is not None
-        log_dir = jvm.org.apache.hadoop.fs.Path(path, "_delta_log")
-        fs = log_dir.getFileSystem(self.spark._jsc.hadoopConfiguration())
-        try:
-            if not fs.exists(log_dir):
-                return False
-            files: list[Any] = []
-            dirs: list[Any] = []
-            pending = [log_dir]
-            while pending:
-                directory = pending.pop()
-                dirs.append(directory)
-                for status in fs.listStatus(directory):
-                    (pending if status.isDirectory() else files).append(status.getPath())
-            if any(not f.getName().startswith(".") for f in files):
-                return False
-            for f in files:
-                fs.delete(f, False)
-            for directory in reversed(dirs):  # children before their parents
-                fs.delete(directory, False)
-        except Py4JJavaError as exc:  # not empty after all: a creator committed meanwhile
-            log.info("kept the Delta log at %s (%s)", path, exc.java_exception)
-            return False
-        log.warning("removed the Delta log at %s: it held no commit (a creation of the "
-                    "table that died before its first commit)", path)
-        return True
-
-    def _create(self, schema: TableSchema) -> None:
-        table = schema.table
-        props = {**table_properties(schema.names), "dblog.key": json.dumps(list(schema.key)),
-                 "dblog.source": self.layout.source, "dblog.table": str(table)}
-        self._create_table(self.layout.changelog(table), changelog_schema(schema.columns),
-                           {**props, **CHANGELOG_STATS})
-        self._create_table(self.layout.mirror(table), mirror_schema(schema.columns),
-                           {**props, **NO_CHANGE_FEED})
-        self._columns.pop(table, None)  # read back: the tables may be another creator's
-
-    def _targets(self, table: TableId) -> list[tuple[str, str, dict[str, T.DataType]]]:
-        """The three places a column lives (changelog ``before.``/``after.``, mirror), each
-        with its lake path, column prefix and the fields it has now."""
-        changelog = self.layout.changelog(table)
-        mirror = self.layout.mirror(table)
-        log_schema = self.spark.read.format("delta").load(changelog).schema
-        mirror_schema_ = self.spark.read.format("delta").load(mirror).schema
-        out: list[tuple[str, str, dict[str, T.DataType]]] = []
-        for prefix in ("before", "after"):
-            struct = log_schema[prefix].dataType
-            assert isinstance(struct, T.StructType)
-            out.append((changelog, prefix + ".", {f.name: f.dataType for f in struct.fields}))
-        out.append((mirror, "", {f.name: f.dataType for f in mirror_schema_.fields}))
-        return out
-
-    def _table_props(self, path: str) -> dict[str, str]:
-        """The table's properties, from its snapshot's metadata (``DESCRIBE DETAIL`` would
-        also count the table's files and bytes: a Spark job over the whole Delta log, ~1 s
-        on a table read for the first time, 5 s in a fresh JVM). The calling thread's
-        active Spark session is left as it was (the mirror merger's is its own)."""
-        with kept_active_session(self.spark):
-            return DeltaTxn(self.spark, path).configuration()
-
-    def _set_props(self, path: str, props: Mapping[str, str]) -> None:
-        """Set table properties the table does not have yet (one commit, or none)."""
-        current = self._table_props(path)
-        todo = {k: v for k, v in props.items() if current.get(k) != v}
-        if todo:
-            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in todo.items())
-            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} SET TBLPROPERTIES ({pairs})")
-
-    @staticmethod
-    def _features_for(types: Sequence[T.DataType], names: Sequence[str]) -> dict[str, str]:
-        """Table features an ALTER introducing these columns/types needs enabled first."""
-        props: dict[str, str] = {}
-        if any(contains_type(t, T.TimestampNTZType) for t in types):
-            props.update(TIMESTAMP_NTZ_FEATURE)  # Delta requires enabling it by hand
-        if needs_column_mapping(names):
-            props.update(COLUMN_MAPPING)
-        return props
-
-    def _complete_targets(self, table: TableId, columns: Sequence[Column]) -> bool:
-        """Give every place a column lives (:meth:`_targets`) each of ``columns``, at least
-        as wide; whether anything was altered. A place with a type Delta cannot widen is
-        left to :meth:`_widen`, which compares the mirror's."""
-        altered = False
-        with self.mirror_lock:
-            for path, prefix, fields in self._targets(table):
-                missing = [c for c in columns if c.name not in fields]
-                narrower = [
-                    (c, spark_type(c.spark_type)) for c in columns
-                    if c.name in fields and fields[c.name] != spark_type(c.spark_type)
-                    and widens(fields[c.name], spark_type(c.spark_type))
-                ]
-                if missing:
-                    self._add_to(path, prefix, missing)
-                    altered = True
-                for column, new_type in narrower:
-                    self._widen_at(path, prefix, column.name, new_type)
-                    altered = True
-        return altered
-
-    def _add_columns(self, table: TableId, added: list[Column]) -> None:
-        """Add ``added`` where each is missing: a crash between the three ALTERs leaves some
-        targets with the column, so every target is checked on its own."""
-        with self.mirror_lock:
-            self._add_missing_columns(table, added)
-
-    def _add_missing_columns(self, table: TableId, added: list[Column]) -> None:
-        for path, prefix, fields in self._targets(table):
-            missing = [c for c in added if c.name not in fields]
-            if missing:
-                self._add_to(path, prefix, missing)
-        known = {c.name for c in self._columns.get(table, [])}
-        self._columns[table] = self._columns.get(table, []) + [
-            c for c in added if c.name not in known
-        ]
-
-    def _add_to(self, path: str, prefix: str, missing: Sequence[Column]) -> None:
-        """One ALTER adding ``missing`` to the lake table at ``path`` (under ``prefix``)."""
-        types = [spark_type(c.spark_type) for c in missing]
-        self._set_props(path, self._features_for(types, [c.name for c in missing]))
-        ddl = ", ".join(
-            f"{prefix}{quote_ident(c.name)} {t.simpleString()}"
-            for c, t in zip(missing, types, strict=True)
-        )
-        self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ADD COLUMNS ({ddl})")
-
-    def _widen(self, table: TableId, have: Column, new: Column) -> None:
-        """Follow a source type change: widen the lake column, or keep a wider lake type.
-
-        Type widening is enabled on a table only here (delta-rs cannot read a table with it);
-        each target is checked on its own, so a crash between the ALTERs resumes."""
-        old_type, new_type = spark_type(have.spark_type), spark_type(new.spark_type)
-        if widens(new_type, old_type):
-            return  # the source narrowed: its values still fit the lake's wider type
-        if not widens(old_type, new_type):
-            raise SchemaEvolutionError(
-                f"{table}.{have.name} changed type from {have.spark_type} to {new.spark_type}, "
-                "which Delta cannot widen; nothing of the change was written. To follow it: "
-                f"take {table} out of the config's tables and run `dblog tail` past the "
-                f"change, move its lake tables ({self.layout.changelog(table)}, "
-                f"{self.layout.mirror(table)}) aside, put it back and run `dblog capture "
-                f"{table}`"
-            )
-        with self.mirror_lock:
-            self._alter_types(table, have, new_type)
-        self._columns[table] = [
-            Column(c.name, new.spark_type) if c.name == have.name else c
-            for c in self._columns[table]
-        ]
-
-    def _alter_types(self, table: TableId, have: Column, new_type: T.DataType) -> None:
-        for path, prefix, fields in self._targets(table):
-            current = fields.get(have.name)
-            if current is None or current == new_type or widens(new_type, current):
-                continue  # already widened (a resumed crash) or wider still
-            self._widen_at(path, prefix, have.name, new_type)
-
-    def _widen_at(self, path: str, prefix: str, name: str, new_type: T.DataType) -> None:
-        """One ALTER widening column ``name`` (under ``prefix``) of the lake table at
-        ``path`` to ``new_type``, type widening enabled there first."""
-        self._set_props(path, {**TYPE_WIDENING, **self._features_for([new_type], [])})
-        self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} ALTER COLUMN "
-                       f"{prefix}{quote_ident(name)} TYPE {new_type.simpleString()}")
-
-    def key_columns(self, table: TableId) -> tuple[str, ...]:
-        self.known_columns(table)
-        return self._keys[table]
-
-    # ---- maintenance (by the one writer: the tailer, or `dblog maintain` in its place) --
-
-    def _file_count(self, path: str) -> int:
-        return DeltaTxn(self.spark, path).file_count
-
-    def maintain(self, table: TableId, *, vacuum: bool = False,
-                 keep_uncommitted: bool = False) -> MaintenanceReport:
-        """Compact the changelog's and the mirror's small files (one per batch otherwise);
-        with ``vacuum`` also vacuum them (the table's retention, 7 days by default: time
-        travel within it stays possible).
-
-        ``keep_uncommitted``: captures have published chunk files of the table that a
-        pending batch will commit (:func:`pipeline.handoff.pending_chunk_tables`): the
-        changelog is not vacuumed, since VACUUM deletes every file no commit added once
-        it is older than the retention, and a retention shortened below a batch's wait
-        (a tailer down for a while) would take files the replay commits.
-
-        Only the ordered writer may call it (it rewrites files a MERGE would read)."""
-        with self.mirror_lock:
-            return self._compact(table, vacuum, keep_uncommitted)
-
-    def _compact(self, table: TableId, vacuum: bool, keep_uncommitted: bool = False
-                 ) -> MaintenanceReport:
-        from delta.tables import DeltaTable
-
-        report = MaintenanceReport(table)
-        for name, path in (("changelog", self.layout.changelog(table)),
-                           ("mirror", self.layout.mirror(table))):
-            if not self._exists(path):
-                continue
-            before = self._file_count(path)
-            DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
-            report.files[name] = (before, self._file_count(path))
-            if vacuum and name == "changelog" and keep_uncommitted:
-                report.not_vacuumed.append(name)
-            elif vacuum:
-                DeltaTable.forPath(self.spark, path).vacuum()
-        return report
-
-    # ---- the ordered micro-batch -------------------------------------------------------
-
-    @contextmanager
-    def _txn(self, batch: int, metadata: Mapping[str, Any], app_id: str | None = None,
-             spark: SparkSession | None = None) -> Iterator[None]:
-        """Delta's idempotent-DML markers as the writer session's settings (a MERGE takes no
-        write options); set only around the statement that needs them. Staging work runs in
-        another session and never sees them."""
-        conf = (spark or self.spark).conf
-        conf.set(_TXN_APP, app_id or self.app_id)
-        conf.set(_TXN_VERSION, str(batch))
-        conf.set(_USER_METADATA, _metadata_json(metadata))
-        try:
-            yield
-        finally:
-            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
-                conf.unset(key)
-
-    def _events_df(self, tb: TableBatch, columns: list[Column], batch: int,
-                   attempt: str) -> DataFrame:
-        """The batch's log events (and truncates) as changelog rows, handed to Spark as one
-        Arrow table: column by column, no per-row Python objects on the JVM side."""
-        schema = changelog_schema(columns)
-        arrow_schema = to_arrow_schema(schema)
-        events = tb.events
-        n_truncates = len(tb.truncates)
-        rows = len(events) + n_truncates
-        source_type = arrow_schema.field("source").type
-        source = pa.StructArray.from_arrays(
-            [pa.array([self.layout.source] * rows, pa.string()),
-             pa.array([tb.table.database] * rows, pa.string()),
-             pa.array([tb.table.table] * rows, pa.string()),
-             pa.array([_ts(ev.commit_ts_ms) for ev in events] + [None] * n_truncates,
-                      source_type.field("commit_ts").type)],
-            fields=list(source_type),
-        )
-        arrays = [
-            pa.array([ev.op.value for ev in events] + [TRUNCATE_OP] * n_truncates, pa.string()),
-            _image_array([ev.before for ev in events] + [None] * n_truncates, columns,
-                         arrow_schema.field("before").type),
-            _image_array([ev.after for ev in events] + [None] * n_truncates, columns,
-                         arrow_schema.field("after").type),
-            source,
-            pa.array([ev.position.lsn for ev in events] + [p.lsn for p in tb.truncates],
-                     pa.int64()),
-            pa.array([ev.position.seq for ev in events] + [p.seq for p in tb.truncates],
-                     pa.int64()),
-            pa.array([ev.window_id for ev in events] + [None] * n_truncates, pa.string()),
-            pa.array([batch] * rows, pa.int64()),
-            pa.array([attempt] * rows, pa.string()),
-        ]
-        table = pa.Table.from_arrays(arrays, schema=arrow_schema)
-        return self.spark.createDataFrame(table, schema)
-
-    def _coverage_deletes(
-        self, tb: TableBatch, em: ChunkEmission, files: ChunkFiles, columns: list[Column],
-        key: tuple[str, ...], batch: int, attempt: str,
-    ) -> DataFrame | None:
-        """The ``d`` rows of an emission with coverage: mirror keys in the range its chunk
-        read completely that the chunk lacks, at the high watermark, numbered in key order
-        after every row the chunk selected. None when there can be none: no coverage, or a
-        truncate before it. (The tailer gives no coverage where :meth:`mirror_holds` found
-        no row when it pinned the window.)
-
-        Keys the window dropped, keys this batch's log events change before the high
-        watermark (the mirror row is stale for them; a log ``d`` already says when one went
-        away) and keys deleted by changelog rows the mirror has not merged yet still exist
-        or are gone already: they are left out."""
-        table = tb.table
-        coverage = tb.coverage.get(em.window.window_id)
-        if coverage is None or any(t < em.position for t in tb.truncates) \
-                or self._truncated_unmerged(table):
-            return None  # (after a truncate the mirror rows before it are gone already)
-        types = {c.name: spark_type(c.spark_type) for c in columns}
-        in_range = key_range_predicate(key, coverage, [types[k] for k in key])
-        # Read before the mirror: a merge running meanwhile can only make this set larger
-        # than needed.
-        unmerged = (self._unmerged(table).where(F.col("op") == Op.DELETE.value)
-                    .select(*[change_key(k) for k in key]).where(in_range))
-        in_mirror = self.spark.read.format("delta").load(self.layout.mirror(table)) \
-            .where(in_range)
-        chunk_keys = files_dataframe(self.spark, self.layout.changelog(table), files.actions) \
-            .select(*[F.col("after").getField(k).alias(k) for k in key])
-        gone = in_mirror.join(chunk_keys, on=list(key), how="left_anti")
-        gone = gone.join(unmerged, on=list(key), how="left_anti")
-        kept = set(em.dropped_keys) | {
-            ev.key for ev in tb.events
-            if ev.position < em.position and _maybe_in(coverage, ev.key)}
-        if kept:
-            gone = gone.join(keys_frame(self.spark, list(kept), key, types),
-                             on=list(key), how="left_anti")
-        row_type = struct_of(columns)
-        order = Window.orderBy(*[F.col(quote_ident(k)) for k in key])
-        return gone.select(
-            F.lit(Op.DELETE.value).alias("op"),
-            F.struct(*[F.col(quote_ident(c.name)).cast(types[c.name]).alias(c.name)
-                       for c in columns]).alias("before"),
-            F.lit(None).cast(row_type).alias("after"),
-            F.struct(
-                F.lit(self.layout.source).alias("name"),
-                F.lit(table.database).alias("database"),
-                F.lit(table.table).alias("table"),
-                F.lit(_ts(em.commit_ts_ms)).cast(T.TimestampType()).alias("commit_ts"),
-            ).alias("source"),
-            F.lit(em.position.lsn).cast(T.LongType()).alias("_dblog_lsn"),
-            (F.lit(em.position.seq + files.selected) + F.row_number().over(order))
-            .cast(T.LongType()).alias("_dblog_seq"),
-            F.lit(em.window.window_id).alias(WINDOW_COLUMN),
-            F.lit(batch).cast(T.LongType()).alias("_dblog_batch"),
-            F.lit(attempt).alias(ATTEMPT_COLUMN),
-        ).coalesce(1)
-
-    def mirror_holds(self, table: TableId, key_range: KeyRange) -> bool:
-        """Whether the mirror holds a row in ``key_range`` (a capture's coverage).
-
-        A mirror without one then never has a row a chunk of that range can prove gone:
-        a merge that lands later only adds rows of keys the chunk holds, was told of
-        (dropped, changed before its high watermark) or saw deleted, since every
-        changelog row from before a gap in the log is merged before the tailer reads past
-        it (``Tailer._merge_before_the_gap``). So the tailer may ask at any time between
-        the chunk's pin and its batch's write: it asks in a thread of its own while the
-        capture writes the chunk's files."""
-        columns = self.known_columns(table)
-        if not columns or not self._exists(self.layout.mirror(table)):
-            return False
-        key = self.key_columns(table)
-        types = {c.name: spark_type(c.spark_type) for c in columns}
-        in_range = key_range_predicate(key, key_range, [types[k] for k in key])
-        path = self.layout.mirror(table)
-        # A mirror without files (a first capture) reads nothing; then only the files whose
-        # key statistics admit the range are read: a capture into new keys reads none.
-        txn = DeltaTxn(self.spark, path)
-        return bool(txn.file_count) and txn.rows_exist_where(in_range)
-
-    def holds_changes_after(self, table: TableId, lsn: int) -> bool:
-        """Whether ``table``'s changelog holds a row positioned after ``lsn`` (only the files
-        whose statistics admit one are read)."""
-        path = self.layout.changelog(table)
-        if not self._exists(path):
-            return False
-        return DeltaTxn(self.spark, path).rows_exist_where(F.col("_dblog_lsn") > F.lit(lsn))
-
-    def _truncated_unmerged(self, table: TableId) -> bool:
-        """Whether a changelog row the mirror has not merged yet truncates the table."""
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-        if known is None:
-            # Read without the lock (a Spark job). Against a mirror position read before a
-            # merge that lands meanwhile, it can only name more truncates than remain.
-            found = tuple(int(r[0]) for r in self._unmerged(table)
-                          .where(F.col("op") == TRUNCATE_OP).select("_dblog_lsn").collect())
-            with self._truncates_lock:
-                known = self._unmerged_truncates.setdefault(table, found)
-        return bool(known)
-
-    def _note_truncates_written(self, table: TableId, lsns: Sequence[int]) -> None:
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-            if known is not None:
-                self._unmerged_truncates[table] = (*known, *lsns)
-
-    def _note_merged_through(self, table: TableId, lsn: int) -> None:
-        """The mirror holds every changelog row at or below ``lsn``."""
-        with self._truncates_lock:
-            known = self._unmerged_truncates.get(table)
-            if known is not None:
-                self._unmerged_truncates[table] = tuple(t for t in known if t > lsn)
+        self.tables = LakeTables(self.spark, layout, self.mirror_lock)
+        self.progress = MirrorProgress(self.spark, self._mirror_spark, layout)
+        self.attempts = WriteAttempts(self.spark, layout, self.tables)
+        self.coverage = CoverageDeletes(self.spark, layout, self.tables, self.progress)
+        self.changelog = Changelog(self.spark, layout, self.tables, self.attempts,
+                                   self.progress, self.coverage, self.app_id)
+        self.merger = MirrorMerge(self._mirror_spark, layout, self.tables, self.progress,
+                                  self.mirror_lock, self.app_id)
+        self.maintenance = Maintenance(self.spark, layout, self.mirror_lock)
 
     @property
     def app_id(self) -> str:
         """The default idempotent-write application id (a tailer passes its own)."""
         return f"dblog:{self.layout.source}"
+
+    # ---- tables and schema ------------------------------------------------------------
+
+    def known_columns(self, table: TableId) -> list[Column]:
+        """The columns the lake holds for ``table`` (a superset of every schema seen)."""
+        return self.tables.known_columns(table)
+
+    def key_columns(self, table: TableId) -> tuple[str, ...]:
+        """The table's key columns, as its lake tables record them."""
+        return self.tables.key_columns(table)
+
+    def ensure_tables(self, schema: TableSchema) -> None:
+        """Create the table's Delta tables if the lake has none yet, and nothing else
+        (:meth:`LakeTables.ensure_tables`)."""
+        self.tables.ensure_tables(schema)
+
+    def ensure_schema(self, schema: TableSchema) -> None:
+        """Create the table's Delta tables, or add the columns they do not have yet
+        (:meth:`LakeTables.ensure_schema`)."""
+        self.tables.ensure_schema(schema)
+
+    # ---- maintenance (by the one writer: the tailer, or `dblog maintain` in its place) --
+
+    def maintain(self, table: TableId, *, vacuum: bool = False,
+                 keep_uncommitted: bool = False) -> MaintenanceReport:
+        """Compact (with ``vacuum`` also vacuum) the table's changelog and mirror
+        (:meth:`Maintenance.maintain`)."""
+        return self.maintenance.maintain(table, vacuum=vacuum,
+                                         keep_uncommitted=keep_uncommitted)
+
+    # ---- the ordered micro-batch -------------------------------------------------------
+
+    def mirror_holds(self, table: TableId, key_range: KeyRange) -> bool:
+        """Whether the mirror holds a row in ``key_range`` (a capture's coverage; see
+        :meth:`pipeline.lake.coverage.CoverageDeletes.mirror_holds`)."""
+        return self.coverage.mirror_holds(table, key_range)
+
+    def holds_changes_after(self, table: TableId, lsn: int) -> bool:
+        """Whether ``table``'s changelog holds a row positioned after ``lsn``."""
+        return self.changelog.holds_changes_after(table, lsn)
 
     def write_table_batch(
         self, tb: TableBatch, batch: int, metadata: Mapping[str, Any], *,
@@ -1054,512 +167,33 @@ class DeltaSink:
         ``merge_mirror``, merge every changelog row the mirror lacks into it.
 
         ``attempt`` tags the rows (a fresh one without it). A replay (``attempt.earlier``)
-        first fences the earlier attempts off (:meth:`_fence`) and writes nothing when one
-        of them had committed this table's share: that commit holds the same batch (its
-        content is fixed by the batch intent) and gives the emission counts. ``app_id``
-        names the line of batches (commit metadata; the mirror MERGE's ``txnAppId``).
-        Without ``merge_mirror`` the mirror follows later (:meth:`merge_mirror`), several
-        batches at once. Every emission needs its chunk's files in ``tb.chunks``.
+        first fences the earlier attempts off (:meth:`WriteAttempts.written_before`) and
+        writes nothing when one of them had committed this table's share: that commit holds
+        the same batch (its content is fixed by the batch intent) and gives the emission
+        counts. ``app_id`` names the line of batches (commit metadata; the mirror MERGE's
+        ``txnAppId``). Without ``merge_mirror`` the mirror follows later
+        (:meth:`merge_mirror`), several batches at once. Every emission needs its chunk's
+        files in ``tb.chunks``.
 
         Returns the number of log events written and each emission's row counts.
         """
-        table = tb.table
-        attempt = attempt or WriteAttempt()
-        if not (tb.events or tb.truncates or tb.emissions):
+        written = self.changelog.write(tb, batch, metadata, attempt=attempt, app_id=app_id)
+        if written is None:
             return 0, []
-        missing = [em.window.window_id for em in tb.emissions
-                   if em.window.window_id not in tb.chunks]
-        if missing:
-            raise DblogError(f"{table}: emissions without their chunk's files: {missing}")
-        columns = self.known_columns(table)
-        if not columns:
-            raise DblogError(f"no schema known for {table}: ensure_schema first")
-        key = self.key_columns(table)
-        self._ensure_attempt_column(table)
-        commit_metadata = {**metadata, "table": str(table), "dblog.app": app_id or self.app_id,
-                           "dblog.attempt": attempt.id}
-        counts: dict[str, tuple[int, int]] = {}
-        if not self._written_before(table, attempt, commit_metadata):
-            counts = self._commit_changelog(tb, columns, key, batch, attempt, commit_metadata)
-        elif tb.emissions:
-            # An earlier attempt's commit holds this share: the counts come from its rows.
-            path = self.layout.changelog(table)
-            emitted = self._count_emitted(
-                self._committed_rows(table, self._commit_version(path, commit_metadata)))
-            counts = {w: (emitted.get((w, Op.READ.value), 0), emitted.get((w, Op.DELETE.value), 0))
-                      for w in tb.chunks}
-        if tb.truncates:
-            self._note_truncates_written(table, [int(p.lsn) for p in tb.truncates])
-        if tb.emissions:
-            with self._truncates_lock:
-                self._emissions_unsurveyed.add(table)
         if merge_mirror:
-            self.merge_mirror(table, batch, commit_metadata, app_id=app_id)
-        results = [
-            EmissionResult(em.window.window_id, table, *counts.get(em.window.window_id, (0, 0)))
-            for em in tb.emissions
-        ]
-        return len(tb.events), results
-
-    def _commit_changelog(
-        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
-        attempt: WriteAttempt, metadata: Mapping[str, Any],
-    ) -> dict[str, tuple[int, int]]:
-        """One changelog commit of the table's share: its log events (and truncates) written
-        as one file in log order, each chunk's files as its capture wrote them for this
-        attempt (files written for another attempt are read and written again with this
-        one's tags), and capture deletes. Returns each emission's ``r`` and ``d`` rows.
-
-        Delta's ``txnAppId`` is not used: it reconstructs the table's whole snapshot state on
-        every commit (two thirds of a warm append's JVM time); write attempts guard replays.
-        """
-        table = tb.table
-        path = self.layout.changelog(table)
-        try:
-            return self._write_share(tb, columns, key, batch, attempt, metadata)
-        except Exception as exc:
-            if self._fenced_off(path, attempt.id):
-                raise LeadershipLost(
-                    f"batch {batch} of {table} was fenced off: another tailer took this "
-                    "batch over, so this one stops writing") from exc
-            raise
-
-    def _write_share(
-        self, tb: TableBatch, columns: list[Column], key: tuple[str, ...], batch: int,
-        attempt: WriteAttempt, metadata: Mapping[str, Any],
-    ) -> dict[str, tuple[int, int]]:
-        """:meth:`_commit_changelog`'s transaction (the fence's refusal raises)."""
-        path = self.layout.changelog(tb.table)
-        txn = DeltaTxn(self.spark, path)
-        actions: list[str] = []
-        counts: dict[str, tuple[int, int]] = {}
-        if tb.events or tb.truncates:
-            events = self._events_df(tb, columns, batch, attempt.id)
-            # One file in position order: log events come in log order, partition after
-            # partition (joined without a shuffle); truncates are sorted in among them.
-            events = (events.repartition(1).sortWithinPartitions("_dblog_lsn", "_dblog_seq")
-                      if tb.truncates else events.coalesce(1))
-            actions += txn.write_files(events)
-        for em in tb.emissions:
-            wid = em.window.window_id
-            files = tb.chunks[wid]
-            if (files.batch, files.attempt, files.table_id) == (batch, attempt.id, txn.table_id):
-                chunk = list(files.actions)
-            else:
-                chunk = txn.write_files(
-                    files_dataframe(self.spark, path, files.actions)
-                    .withColumn("_dblog_batch", F.lit(batch).cast(T.LongType()))
-                    .withColumn(ATTEMPT_COLUMN, F.lit(attempt.id)))
-            deletes = self._coverage_deletes(tb, em, files, columns, key, batch, attempt.id)
-            deleted = txn.write_files(deletes) if deletes is not None else []
-            actions += chunk + deleted
-            counts[wid] = (action_rows(chunk), action_rows(deleted))
-        if not actions:
-            return counts  # nothing to add (chunks without rows): no commit
-        # A chunk's files are added without passing through the writer, which enforces the
-        # fence on the rows it writes: the transaction's own metadata says it here (a fence
-        # added after it read conflicts with its commit).
-        fences = [k for k, v in txn.configuration().items()
-                  if k.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt.id in v]
-        if fences:
-            raise DblogError(f"{path} refuses attempt {attempt.id} ({fences[0]})")
-        txn.commit(actions, metadata)
-        return counts
+            self.merge_mirror(tb.table, batch, written.metadata, app_id=app_id)
+        return len(tb.events), written.results
 
     # ---- the mirror follows the changelog ------------------------------------------------
 
     def mirror_lsn(self, table: TableId) -> int:
         """Every changelog row of ``table`` at or below this ``_dblog_lsn`` is in the mirror
-        (read once from the mirror's commit history, then kept up to date)."""
-        if table not in self._mirror_lsn:
-            self._mirror_lsn[table] = self._recorded_mirror_lsn(table)
-        return self._mirror_lsn[table]
-
-    def _recorded_mirror_lsn(self, table: TableId) -> int:
-        """The mark of the mirror's latest merge (:func:`mirror_mark`)."""
-        path = self.layout.mirror(table)
-        if not self._exists(path):
-            return LSN_FLOOR
-        return mirror_mark(self._mirror_spark, path)
-
-    def _unmerged(self, table: TableId, through_lsn: int | None = None,
-                  spark: SparkSession | None = None) -> DataFrame:
-        """The changelog rows the mirror lacks (up to ``through_lsn``), in no order.
-
-        The changelog is appended in log order by one writer, so these are exactly the
-        rows of the batches written since the mirror's last MERGE. (Read before the
-        mirror they are compared with: a MERGE in between only makes them more.)"""
-        rows = ((spark or self.spark).read.format("delta").load(self.layout.changelog(table))
-                .where(F.col("_dblog_lsn") > F.lit(self.mirror_lsn(table))))
-        if through_lsn is not None:
-            rows = rows.where(F.col("_dblog_lsn") <= F.lit(through_lsn))
-        return rows
+        (:meth:`MirrorProgress.mirror_lsn`)."""
+        return self.progress.mirror_lsn(table)
 
     def merge_mirror(self, table: TableId, batch: int, metadata: Mapping[str, Any], *,
                      app_id: str | None = None, through_lsn: int | None = None) -> int:
-        """Merge the changelog rows the mirror lacks (up to ``through_lsn``; all without
-        it) in one MERGE; returns how many rows that was (0: nothing to do, no commit).
-
-        The MERGE carries the idempotent-write markers of ``batch`` (the last batch it
-        covers), so a tailer that lost its lock and merges late is skipped by Delta, and
-        its commit metadata records what it covers (:data:`MIRROR_LSN`). A merge repeated
-        after a crash changes nothing: only changes newer by position are applied."""
-        with self.mirror_lock:
-            return self._merge_unmerged(table, batch, metadata, app_id, through_lsn)
-
-    def _merge_unmerged(self, table: TableId, batch: int, metadata: Mapping[str, Any],
-                        app_id: str | None, through_lsn: int | None) -> int:
-        if not self.known_columns(table):
-            return 0
-        with self._truncates_lock:
-            chunks_expected = table in self._emissions_unsurveyed
-            self._emissions_unsurveyed.discard(table)
-        changes = self._unmerged(table, through_lsn, self._mirror_spark)
-        first = self.key_columns(table)[0]
-        dtype = spark_type(next(c.spark_type for c in self.known_columns(table)
-                                if c.name == first))
-        survey = _survey(changes, first, chunks_expected=chunks_expected, dtype=dtype)
-        rows = survey.rows
-        if rows == 0:
-            if through_lsn is not None:
-                self._mirror_lsn[table] = max(self.mirror_lsn(table), through_lsn)
-                self._note_merged_through(table, through_lsn)
-            return 0
-        assert survey.top is not None
-        mark = int(through_lsn if through_lsn is not None else survey.top)
-        truncated = survey.truncated
-        if truncated is None and survey.spans:
-            began = time.monotonic()
-            appended = self._append_new_chunk_rows(table, changes, survey.spans, metadata,
-                                                   mark, rows, (app_id or self.app_id, batch))
-            if appended.windows:
-                log.info("mirror of %s: %d rows of %d chunks appended in %.2fs; %d changes "
-                         "left to merge", table, appended.rows, len(appended.windows),
-                         time.monotonic() - began, rows - appended.rows)
-            if appended.rows == rows:
-                self._mirror_lsn[table] = mark
-                self._note_merged_through(table, mark)
-                return rows
-            changes = appended.remaining
-
-        def merge() -> None:
-            with self._txn(batch, {**metadata, MIRROR_LSN: mark}, app_id, self._mirror_spark):
-                self._merge_mirror(
-                    table, changes, self.known_columns(table), self.key_columns(table),
-                    Position(int(truncated[0]), int(truncated[1])) if truncated else None,
-                    key_span=None if survey.low is None else (survey.low, survey.high),
-                )
-
-        # Another writer of the mirror (a repair by hand) may commit first; the MERGE is
-        # idempotent, so it runs again.
-        retry_concurrent_commits(merge, pause_s=0.5)
-        self._mirror_lsn[table] = mark
-        self._note_merged_through(table, mark)
-        return rows
-
-    def _append_new_chunk_rows(self, table: TableId, changes: DataFrame, spans: list[Row],
-                               metadata: Mapping[str, Any], mark: int, rows: int,
-                               app: tuple[str, int]) -> _Appended:
-        """Append the ``r`` rows of this merge's chunks whose keys the mirror lacks, in one
-        commit, instead of merging them; the rest of ``changes`` is left to merge. That
-        commit carries the merge's mark when it holds all ``rows``. ``spans``: each chunk's
-        window, the least and greatest value of its rows' first key column, and how many
-        rows it has (:func:`_survey`).
-
-        A chunk whose key span holds no mirror file, or mirror files with fewer rows than
-        half its own (a first capture while writers run: their changes reached the mirror
-        first, scattered over the key space), has its rows appended but for those of keys
-        the mirror holds or another of ``changes`` changes (merged with them, so that no
-        change of this merge rewrites the appended files). Any other chunk (a capture over a
-        mirror that holds most of its keys, such as a repair) is merged whole, as are chunks
-        whose spans overlap another's of the same merge.
-
-        ``changes`` may be read again after the append and then hold more rows (batches
-        committed meanwhile): a row appended may then be merged as well, which changes
-        nothing (its position is not newer than itself), and none is left out.
-
-        The same as merging them: a MERGE would insert every appended row (no mirror row
-        has its key), and the changes merged after them apply by position as they would
-        have (older ones lose to a chunk row, newer ones win, a delete removes it). The
-        mirror is read at the append's own snapshot and inside its transaction: a writer
-        that adds a row in such a span meanwhile (a tailer that lost its lock, merging
-        late) makes the commit fail, and then every change is merged. The append is also
-        fenced like the MERGE (``app``: the line of batches and this merge's batch): it
-        reads the line's recorded version, skips when another writer merged this far, and
-        fails when one records a version meanwhile. A tailer that lost its lock could
-        otherwise land a late append after the new leader merged deletes of the same keys
-        (a MERGE of deletes of keys the mirror lacks changes no file in the span)."""
-        nothing = _Appended(set(), 0, changes)
-        key = self.key_columns(table)
-        first = key[0]
-        if not spans:
-            return nothing
-        columns = self.known_columns(table)
-        dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
-        target = F.col(quote_ident(first))
-        path = self.layout.mirror(table)
-        txn = DeltaTxn(self._mirror_spark, path)
-        if txn.app_version(app[0]) >= app[1]:
-            return nothing  # merged this far by another writer: the MERGE is skipped too
-        taken: dict[str, tuple[Any, Any]] = {}  # window -> span of the first key column
-        crowded: list[tuple[Any, Any]] = []  # the spans of those that hold mirror files
-        taken_count, crowded_rows = 0, 0
-        for span in sorted(spans, key=lambda r: str(r["window"])):
-            low, high = span["low"], span["high"]
-            if any(not (high < lo or low > hi) for lo, hi in taken.values()):
-                continue
-            files, held = txn.records_where(_between(target, low, high, dtype))
-            if files and (held is None or 2 * held >= int(span["rows"])):
-                continue
-            taken[str(span["window"])] = (low, high)
-            taken_count += int(span["rows"])
-            if files:
-                crowded.append((low, high))
-                crowded_rows += held or 0
-        if not taken:
-            return nothing
-        chosen = F.col(WINDOW_COLUMN).isin(sorted(taken)) & (F.col("op") == Op.READ.value)
-        taken_rows = changes.where(chosen)
-        others = changes.where(~chosen)
-        new_rows, remaining = self._unblocked(
-            taken_rows, others, rows - taken_count,
-            crowded_keys=(self._mirror_keys_at(txn, key, crowded, dtype), crowded_rows)
-            if crowded else None, key=key)
-        schema = T.StructType.fromJson(json.loads(txn.schema_json))
-        actions = txn.write_files(new_rows.select(*[
-            (F.col(f.name) if f.name in META_COLUMNS
-             else F.col("after").getField(f.name)).cast(f.dataType).alias(f.name)
-            for f in schema.fields]))
-        appended = action_rows(actions)
-        if not appended:
-            return nothing  # every row is merged: no empty commit
-        whole = appended == rows
-        meta = {**metadata, MIRROR_LSN: mark} if whole else dict(metadata)
-        try:
-            # Fenced as the MERGE is: a commit of another writer of this line of batches
-            # (the tailer that took over, merging deletes of these keys) since this
-            # transaction read the line's version makes it fail; a whole merge records the
-            # batch, as the MERGE's own markers would.
-            txn.commit(actions, meta, app=app if whole else None)
-        except Exception as exc:
-            if "Concurrent" not in type(exc).__name__ + str(exc):
-                raise
-            return nothing  # another writer in a span: everything is merged instead
-        return _Appended(set(taken), appended, remaining)
-
-    @staticmethod
-    def _unblocked(taken_rows: DataFrame, others: DataFrame, others_count: int, *,
-                   crowded_keys: tuple[DataFrame, int] | None, key: Sequence[str]
-                   ) -> tuple[DataFrame, DataFrame]:
-        """The chunk rows ``taken_rows`` split into those to append and those to merge
-        (with ``others``): a row is kept out of the append by a key the mirror holds
-        (``crowded_keys``: the mirror's keys in crowded spans and how many there are) or
-        another change holds (``others``, ``others_count`` of them when counted; a later
-        change would rewrite the appended file).
-
-        Nothing can keep a row out when both are empty (a capture while the source is
-        idle): then no join is planned. The keys are broadcast to the join when there are
-        at most :data:`_BROADCAST_KEYS` of them; Spark would otherwise shuffle and sort
-        every chunk row to find none. ``others`` may hold more rows than counted (batches
-        committed meanwhile): a row appended then is merged as well, which changes
-        nothing (see :meth:`_append_new_chunk_rows`)."""
-        if not others_count and crowded_keys is None:
-            return taken_rows, others
-        blocking = others.select(*[change_key(k).alias(f"_held_{i}") for i, k in enumerate(key)])
-        blocking_count = others_count
-        if crowded_keys is not None:
-            blocking = blocking.unionByName(crowded_keys[0])
-            blocking_count += crowded_keys[1]
-        if blocking_count <= _BROADCAST_KEYS:
-            blocking = F.broadcast(blocking)
-        same_key = reduce(lambda a, b: a & b, [
-            F.col("after").getField(k) == F.col(f"_held_{i}") for i, k in enumerate(key)])
-        return (taken_rows.join(blocking, same_key, "left_anti"),
-                others.unionByName(taken_rows.join(blocking, same_key, "left_semi")))
-
-    def _mirror_keys_at(self, txn: DeltaTxn, key: tuple[str, ...],
-                        spans: Sequence[tuple[Any, Any]], dtype: T.DataType) -> DataFrame:
-        """The keys of the mirror rows in ``spans`` (of the first key column) at ``txn``'s
-        snapshot, as columns ``_held_0``, ``_held_1``, ...: the same rows however often
-        the frame is computed, whatever is committed meanwhile."""
-        target = F.col(quote_ident(key[0]))
-        in_spans = reduce(lambda a, b: a | b, [_between(target, low, high, dtype)
-                                                for low, high in spans])
-        return (self._mirror_spark.read.format("delta")
-                .option("versionAsOf", txn.read_version).load(txn.path)
-                .where(in_spans)
-                .select(*[F.col(quote_ident(k)).alias(f"_held_{i}") for i, k in enumerate(key)]))
-
-    @staticmethod
-    def _count_emitted(changes: DataFrame) -> dict[tuple[str, str], int]:
-        """Rows per (window, op) among a batch's emissions."""
-        counts = (changes.where(F.col(WINDOW_COLUMN).isNotNull())
-                  .groupBy(WINDOW_COLUMN, "op").count().collect())
-        return {(r[WINDOW_COLUMN], r["op"]): int(r["count"]) for r in counts}
-
-    def _fenced_off(self, path: str, attempt: str) -> bool:
-        """Whether a replay's fence refuses rows of ``attempt`` (the append then failed on
-        the constraint, or on the metadata change that added it while in flight)."""
-        if not _ATTEMPT_ID.fullmatch(attempt):
-            return False
-        return any(key.startswith(f"delta.constraints.{_FENCE_PREFIX}") and attempt in value
-                   for key, value in self._table_props(path).items())
-
-    def _ensure_attempt_column(self, table: TableId) -> None:
-        """Changelogs created before write attempts get the column (NULL in older rows)."""
-        if table in self._attempt_column:
-            return
-        path = self.layout.changelog(table)
-        names = self.spark.read.format("delta").load(path).schema.names
-        if ATTEMPT_COLUMN not in names:
-            self.spark.sql(f"ALTER TABLE delta.{quote_ident(path)} "
-                           f"ADD COLUMNS ({ATTEMPT_COLUMN} STRING)")
-        self._attempt_column.add(table)
-
-    def _written_before(self, table: TableId, attempt: WriteAttempt,
-                        metadata: Mapping[str, Any]) -> bool:
-        """Whether an earlier attempt at this batch committed the table's share (then
-        nothing is written); fences the earlier attempts off first, so the answer is final."""
-        if attempt.earlier and self._fence(table, attempt):
-            return True
-        if attempt.legacy_replay:
-            return self._find_commit(self.layout.changelog(table), metadata) is not None
-        return False
-
-    def _fence(self, table: TableId, attempt: WriteAttempt) -> bool:
-        """Fence the earlier attempts at this batch off the table's changelog; True when one
-        of them had committed there.
-
-        One metadata commit: a CHECK constraint that refuses rows of those attempts. A
-        commit of theirs still in flight conflicts with it, and any later one violates it,
-        so none can land after this; Delta checks the constraint against the rows already
-        there, so it fails exactly when one had landed before (the attempt ids are ours:
-        32 hex digits, checked by :class:`WriteAttempt`)."""
-        path = self.layout.changelog(table)
-        refused = ", ".join(f"'{a}'" for a in attempt.earlier)
-        statement = (
-            f"ALTER TABLE delta.{quote_ident(path)} ADD CONSTRAINT {_FENCE_PREFIX}{attempt.id} "
-            f"CHECK ({ATTEMPT_COLUMN} IS NULL OR {ATTEMPT_COLUMN} NOT IN ({refused}))"
-        )
-        landed = False
-
-        def add() -> None:
-            nonlocal landed
-            try:
-                self.spark.sql(statement)
-            except Exception as exc:
-                if "DELTA_NEW_CHECK_CONSTRAINT_VIOLATION" not in str(exc):
-                    raise
-                landed = True
-
-        retry_concurrent_commits(add, pause_s=0.5)
-        return landed
-
-    def _commit_version(self, path: str, metadata: Mapping[str, Any]) -> int:
-        """The version of the changelog commit written with ``metadata`` (app and batch):
-        the latest, or an earlier one when the append was skipped as already written."""
-        version = self._find_commit(path, metadata)
-        if version is None:
-            raise DblogError(
-                f"batch {metadata.get('dblog.batch')} of {metadata.get('dblog.app')} is "
-                f"recorded as written to {path} but no commit in its history holds it: the "
-                "changelog's history was cleaned or rewritten; recapture the table into a "
-                "new lake path"
-            )
-        return version
-
-    def _find_commit(self, path: str, metadata: Mapping[str, Any]) -> int | None:
-        """The version of the changelog commit of the batch ``metadata`` names (any
-        attempt at it), or None: the latest, or one behind it (a replay after a crash, or a
-        maintenance commit meanwhile)."""
-        from delta.tables import DeltaTable
-
-        def ours(user_metadata: str | None) -> bool:
-            if not user_metadata:
-                return False
-            try:
-                found = json.loads(user_metadata)
-            except ValueError:
-                return False
-            return isinstance(found, dict) and all(
-                found.get(k, metadata[k]) == metadata[k] for k in _COMMIT_IDENTITY if k in metadata)
-
-        history = (DeltaTable.forPath(self.spark, path).history()
-                   .where(F.col("operation") == "WRITE")
-                   .select("version", "userMetadata").orderBy(F.desc("version")))
-        for row in history.toLocalIterator():
-            if ours(row["userMetadata"]):
-                return int(row["version"])
-        return None
-
-    def _committed_rows(self, table: TableId, version: int) -> DataFrame:
-        """The rows changelog commit ``version`` appended (its change feed; no other rows)."""
-        rows = (self.spark.read.format("delta")
-                .option("readChangeFeed", "true")
-                .option("startingVersion", version)
-                .option("endingVersion", version)
-                .load(self.layout.changelog(table)))
-        return rows.drop("_change_type", "_commit_version", "_commit_timestamp")
-
-    def _merge_mirror(
-        self,
-        table: TableId,
-        changes: DataFrame,
-        columns: list[Column],
-        key: tuple[str, ...],
-        truncated: Position | None = None,
-        *,
-        key_span: tuple[Any, Any] | None = None,
-    ) -> None:
-        """One MERGE: the latest change per key wins if newer than the mirror row; with a
-        truncate in the batch, only changes after the last one apply and every mirror row
-        older than it is deleted.
-
-        The target is pruned to the changes' span of the first key column (``key_span``):
-        Delta then skips mirror files whose key statistics lie
-        outside it (chunks and appends at the end of the key space touch few files). It
-        changes nothing else: every source row's key lies in the span."""
-        from delta.tables import DeltaTable
-
-        changes = changes.where(F.col("op") != TRUNCATE_OP)
-        if truncated is not None:
-            changes = changes.where(after_position(truncated.lsn, truncated.seq))
-
-        # The change's op and its rank beside the table's columns, named apart from them.
-        names = [c.name for c in columns]
-        op, rank = name_apart("_dblog_op", names), name_apart("_dblog_rank", names)
-        flat = changes.select(
-            *[change_key(k) for k in key],
-            F.col("op").alias(op),
-            *[F.col("after").getField(c.name).alias(c.name) for c in columns if c.name not in key],
-            F.col("_dblog_lsn"),
-            F.col("_dblog_seq"),
-        )
-        last = (flat.withColumn(rank, F.row_number().over(newest_first(key)))
-                .where(F.col(quote_ident(rank)) == 1).drop(rank))
-        on: str | SparkColumn = " AND ".join(
-            f"t.{quote_ident(k)} <=> s.{quote_ident(k)}" for k in key)
-        if truncated is None:
-            first = key[0]
-            if key_span is not None:
-                dtype = spark_type(next(c.spark_type for c in columns if c.name == first))
-                target = F.col(f"t.{quote_ident(first)}")
-                on = F.expr(str(on)) & _between(target, *key_span, dtype)
-        values: dict[str, str | SparkColumn] = {
-            quote_ident(c.name): f"s.{quote_ident(c.name)}" for c in columns
-        }
-        values.update({m: f"s.{m}" for m in META_COLUMNS})
-        merge = (
-            DeltaTable.forPath(self._mirror_spark, self.layout.mirror(table)).alias("t")
-            .merge(last.alias("s"), on)
-            .whenMatchedDelete(condition=f"s.{quote_ident(op)} = 'd' AND {_newer('s', 't')}")
-            .whenMatchedUpdate(condition=f"s.{quote_ident(op)} <> 'd' AND {_newer('s', 't')}",
-                               set=values)
-            .whenNotMatchedInsert(condition=f"s.{quote_ident(op)} <> 'd'", values=values)
-        )
-        if truncated is not None:
-            lsn, seq = int(truncated.lsn), int(truncated.seq)
-            merge = merge.whenNotMatchedBySourceDelete(
-                condition=f"t._dblog_lsn < {lsn} OR (t._dblog_lsn = {lsn} AND t._dblog_seq < {seq})"
-            )
-        merge.execute()
+        """Merge the changelog rows the mirror lacks (up to ``through_lsn``) in one MERGE;
+        how many rows that was (:meth:`MirrorMerge.merge_mirror`)."""
+        return self.merger.merge_mirror(table, batch, metadata, app_id=app_id,
+                                        through_lsn=through_lsn)

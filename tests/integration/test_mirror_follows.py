@@ -61,7 +61,7 @@ def test_a_tailer_dying_before_its_mirror_merge_loses_nothing(
         real_merge = DeltaSink.merge_mirror
 
         def dies_with_rows_to_merge(sink: DeltaSink, *args: Any, **kwargs: Any) -> int:
-            if sink._unmerged(table).count():
+            if sink.progress.unmerged(table).count():
                 raise RuntimeError("killed before the mirror merge")
             return real_merge(sink, *args, **kwargs)
 

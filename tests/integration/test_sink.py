@@ -306,7 +306,7 @@ def test_a_batch_is_one_changelog_file_in_position_order(
     previous = sink.spark.conf.get(key)
     sink.spark.conf.set(key, "100")  # 30 Arrow batches, spread over the partitions
     try:
-        assert sink._events_df(batch, sink.known_columns(TABLE), 1, WriteAttempt().id)\
+        assert sink.changelog._events_df(batch, sink.known_columns(TABLE), 1, WriteAttempt().id)\
             .rdd.getNumPartitions() > 1
         sink.write_table_batch(batch, 1, {"dblog.batch": 1}, merge_mirror=False)
     finally:
@@ -399,8 +399,8 @@ def test_a_creation_killed_before_its_first_commit_does_not_block_the_next_one(
     layout = LakeLayout(tmp_path / "lake", "src")
     sink = DeltaSink(spark, layout)
     if unborn == "mirror":
-        sink._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
-                           {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+        sink.tables._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                                  {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
     log_dir = Path(getattr(layout, unborn)(TABLE)) / "_delta_log"
     (log_dir / "_staged_commits").mkdir(parents=True)
     (log_dir / ".00000000000000000000.json.0d4c.tmp").write_text("{")
@@ -414,9 +414,9 @@ def test_a_delta_log_with_a_commit_is_never_removed(spark: Any, tmp_path: Path) 
     layout = LakeLayout(tmp_path / "lake", "src")
     sink = DeltaSink(spark, layout)
     sink.ensure_tables(SCHEMA)
-    assert not sink._remove_unborn_log(layout.changelog(TABLE))
+    assert not sink.tables._remove_unborn_log(layout.changelog(TABLE))
     assert rows(spark, layout.changelog(TABLE)) == []
-    assert not sink._remove_unborn_log(str(tmp_path / "nothing-here"))
+    assert not sink.tables._remove_unborn_log(str(tmp_path / "nothing-here"))
 
 
 def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_both(
@@ -432,8 +432,8 @@ def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
     layout = LakeLayout(tmp_path / "lake", "src")
     capture, tailer = DeltaSink(spark, layout), DeltaSink(spark, layout)
-    capture._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
-                          {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
+    capture.tables._create_table(layout.changelog(TABLE), changelog_schema(SCHEMA.columns),
+                                 {**table_properties(SCHEMA.names), "dblog.key": '["id"]'})
     tailer.ensure_schema(wider)
     capture.ensure_tables(SCHEMA)
     for side in ("before", "after"):
@@ -462,8 +462,9 @@ def test_a_tailer_restarted_after_creating_the_mirror_beside_a_narrower_changelo
     layout = LakeLayout(tmp_path / "lake", "src")
     props = {**table_properties(narrow.names), "dblog.key": '["id"]'}
     creator = DeltaSink(spark, layout)
-    creator._create_table(layout.changelog(TABLE), changelog_schema(narrow.columns), props)
-    creator._create_table(layout.mirror(TABLE), mirror_schema(wider.columns), props)
+    creator.tables._create_table(layout.changelog(TABLE), changelog_schema(narrow.columns),
+                                 props)
+    creator.tables._create_table(layout.mirror(TABLE), mirror_schema(wider.columns), props)
     restarted = DeltaSink(spark, layout)
     restarted.ensure_schema(wider)
     for side in ("before", "after"):
@@ -670,7 +671,7 @@ def test_a_fresh_changelog_and_mirror_are_readable_by_delta_rs(
     assert changelog[2]["after"] == {"id": 2, "name": "two"}
     assert changelog[3]["before"] == {"id": 1, "name": "n1"} and changelog[3]["after"] is None
     for path in (sink.layout.changelog(odd), sink.layout.mirror(odd)):
-        assert "delta.enableTypeWidening" not in sink._table_props(path)
+        assert "delta.enableTypeWidening" not in sink.tables.properties(path)
 
 
 def test_type_widening_is_enabled_only_when_a_column_widens(
@@ -681,7 +682,7 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
     sink.ensure_schema(narrow)
     sink.ensure_schema(TableSchema(TABLE, (*SCHEMA.columns, Column("n", "BIGINT")), ("id",)))
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
-        assert sink._table_props(path).get("delta.enableTypeWidening") == "true"
+        assert sink.tables.properties(path).get("delta.enableTypeWidening") == "true"
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 1, 100, n=2**40)]), 1, {})
     assert [r["n"] for r in rows(spark, sink.layout.mirror(TABLE))] == [2**40]
     log = rows(spark, sink.layout.changelog(TABLE))
@@ -694,13 +695,13 @@ def test_type_widening_is_enabled_only_when_a_column_widens(
 def _read_backs(sink: DeltaSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The changelog versions the sink reads emission counts back from, as it reads them."""
     reads: list[int] = []
-    read_back = sink._committed_rows
+    read_back = sink.attempts.committed_rows
 
     def counted(table: TableId, version: int) -> Any:
         reads.append(version)
         return read_back(table, version)
 
-    monkeypatch.setattr(sink, "_committed_rows", counted)
+    monkeypatch.setattr(sink.attempts, "committed_rows", counted)
     return reads
 
 
@@ -716,7 +717,7 @@ def test_emission_counts_come_from_the_files_statistics_not_the_changelog(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (20, 21)]),
                            1, {})
     reads = _read_backs(sink, monkeypatch)
-    monkeypatch.setattr(sink, "_find_commit", lambda *a: pytest.fail("history read"))
+    monkeypatch.setattr(sink.attempts, "_find_commit", lambda *a: pytest.fail("history read"))
     assert emit(spark, sink, 2, [(_emission(TABLE, "w1", 500, {(2,)}), named([1, 2, 3, 4]))]) \
         == [("w1", 3, 0)]
     assert emit(spark, sink, 3, [(_emission(TABLE, "w2", 601, set()), named([5, 6])),
@@ -837,7 +838,7 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed between the changelog and the mirror")
 
-    monkeypatch.setattr(sink, "_merge_mirror", crash)
+    monkeypatch.setattr(sink.merger, "_merge_mirror", crash)
     with pytest.raises(RuntimeError):
         sink.write_table_batch(batch(), 2, {"dblog.batch": 2}, attempt=crashed)
     monkeypatch.undo()
@@ -964,12 +965,12 @@ def test_a_new_column_with_an_unsafe_name_turns_column_mapping_on(
 ) -> None:
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
-    assert "delta.columnMapping.mode" not in sink._table_props(sink.layout.mirror(TABLE))
+    assert "delta.columnMapping.mode" not in sink.tables.properties(sink.layout.mirror(TABLE))
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("unit price", "DECIMAL(10,2)"),
                                 Column("seen", "TIMESTAMP_NTZ")), ("id",))
     sink.ensure_schema(wider)
     for path in (sink.layout.changelog(TABLE), sink.layout.mirror(TABLE)):
-        assert sink._table_props(path)["delta.columnMapping.mode"] == "name"
+        assert sink.tables.properties(path)["delta.columnMapping.mode"] == "name"
     event = ChangeEvent(TABLE, Op.CREATE, (1,), Position(100), after={
         "id": 1, "name": "a", "unit price": 3, "seen": datetime(2024, 5, 6, 7, 8, 9)})
     sink.write_table_batch(TableBatch(TABLE, [event]), 1, {})
@@ -1217,12 +1218,12 @@ def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, i, 100 + i) for i in (1, 2)]), 1, {})
     sink.write_table_batch(TableBatch(TABLE, truncates=[Position(200, 0)]), 2, {},
                            merge_mirror=False)
-    assert sink._truncated_unmerged(TABLE)  # read from the changelog
+    assert sink.progress.truncated_unmerged(TABLE)  # read from the changelog
 
     def known(s: DeltaSink) -> bool:
         with monkeypatch.context() as m:
-            m.setattr(s, "_unmerged", lambda *a, **k: pytest.fail("changelog read again"))
-            return s._truncated_unmerged(TABLE)
+            m.setattr(s.progress, "unmerged", lambda *a, **k: pytest.fail("changelog read again"))
+            return s.progress.truncated_unmerged(TABLE)
 
     sink.write_table_batch(TableBatch(TABLE, [ev(Op.CREATE, 3, 300)]), 3, {}, merge_mirror=False)
     sink.write_table_batch(TableBatch(TABLE, truncates=[Position(400, 0)]), 4, {},
@@ -1237,7 +1238,7 @@ def test_unmerged_truncates_are_read_once_then_kept_by_the_sink(
                            merge_mirror=False)
     assert known(sink)
     again = make_sink(spark, tmp_path)  # a restart reads it from the changelog
-    assert again._truncated_unmerged(TABLE)
+    assert again.progress.truncated_unmerged(TABLE)
     again.merge_mirror(TABLE, 5, {})
     assert not known(again)
 
@@ -1377,7 +1378,7 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
                           (_emission(TABLE, "w2", 600, set()), named([20, 21]))],
          events=[ev(Op.CREATE, 40, 450), ev(Op.DELETE, 1, 550), ev(Op.UPDATE, 21, 650)],
          truncates=[Position(520, 3)], merge_mirror=False)
-    changes = sink._unmerged(TABLE)
+    changes = sink.progress.unmerged(TABLE)
     found = _survey(changes, "id")
     assert (found.rows, found.low, found.high, found.top, tuple(found.truncated or ())) == (
         8, 1, 40, 650, (520, 3))
