@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, TypeGuard
 
 from pipeline import handoff
-from pipeline.batching import BatchCutter, Cut, ReplayMismatch
+from pipeline.batching import BatchCutter, Cut, Due, ReplayMismatch
 from pipeline.chunking import KeyRange
 from pipeline.config import TailConfig
 from pipeline.errors import DblogError, LeadershipLost, SourceError, StateConflict
@@ -491,7 +491,9 @@ class Tailer:
         warm_until = self.dialect.to_position(committed.value.source_position)
         cutter = BatchCutter(committed=warm_until, max_events=self.options.batch_max_events,
                              max_seconds=self.options.batch_max_seconds,
-                             now=time.monotonic(), replay=replay)
+                             now=time.monotonic(), replay=replay,
+                             pins_per_batch=self.options.pins_per_batch,
+                             pin_ahead_s=self.options.pin_ahead_s)
         pending = _Pending(start=dict(committed.value.source_position))
         last_resume: Mapping[str, Any] = start
         quiet_since: tuple[Any, float] | None = None
@@ -566,7 +568,7 @@ class Tailer:
             pending.end, pending.end_position = dict(cut.native), cut.end
             if write_closed(wait=True):
                 return True
-            to_close = (pending.pinned and not cutter.replaying
+            to_close = (cutter.may_close(len(pending.pinned))
                         and not self._pinned_files_ready(pending))
             batch, pending = pending, _Pending(start=dict(cut.native))
             if to_close:
@@ -580,27 +582,15 @@ class Tailer:
             pending.opened = time.monotonic()
             return enough
 
-        def pins_full(batch: _Pending) -> bool:
-            """The batch pinned ``pins_per_batch`` chunks: it pins no more (a replayed
-            batch pins what its recorded end holds)."""
-            return (not cutter.replaying
-                    and len(batch.pinned) >= self.options.pins_per_batch)
-
         def due(cut: Cut | None) -> TypeGuard[Cut]:
-            """Whether to make ``cut`` now. A batch holding pinned chunks waits for their
-            files: the reader reads on meanwhile, and the high watermarks it finds are
-            pinned too, so the captures write several chunks at once. A replayed batch's
-            recorded end, a full batch, a batch that pinned ``pins_per_batch`` chunks and
-            a batch whose log changes have waited ``pin_ahead_s`` are cut without them
-            (:func:`cut_at` closes such a batch and reads on into the next). While a batch
-            is closed, the next is cut only when full or its log changes have waited
-            ``pin_ahead_s``."""
+            """Whether to make ``cut`` now (:meth:`BatchCutter.due`; a batch that may wait
+            for its pinned chunks' files is cut once they are there)."""
             if cut is None:
                 return False
-            if self._closed:  # written after the closed batch: no sooner than it must
-                return cutter.full or self._changes_waited(pending)
-            return (cutter.replaying or cutter.full or self._changes_waited(pending)
-                    or pins_full(pending) or self._pinned_files_ready(pending))
+            verdict = cutter.due(closed=bool(self._closed), pinned=len(pending.pinned),
+                                 first_change_at=pending.first_change_at, now=time.monotonic())
+            return verdict is Due.NOW or (verdict is Due.IF_FILES_READY
+                                          and self._pinned_files_ready(pending))
 
         try:
             while not stop.is_set():
@@ -626,9 +616,7 @@ class Tailer:
                     self._consume(tx, pending, last_resume, warm=False)
                     last_resume = tx.resume
                     cut = cutter.consumed(resume, tx.resume, pending.events - events_before,
-                                          time.monotonic())
-                    if cut is None and pins_full(pending):
-                        cut = cutter.pending  # read on into the next batch, which pins on
+                                          time.monotonic(), pinned=len(pending.pinned))
                     if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                 if txs:
@@ -643,8 +631,8 @@ class Tailer:
                     # The reader still reads: a batch waiting for its pinned chunks' files
                     # looks for them meanwhile (a quiet log would hold it for a whole
                     # read); a replayed batch waits for its recorded end.
-                    cut = None if cutter.replaying else cutter.pending
-                    if pending.pinned and due(cut) and cut_at(cut):
+                    cut = cutter.waiting(len(pending.pinned))
+                    if due(cut) and cut_at(cut):
                         return self._finish(summary, committed.value)
                     continue
                 here = reader.resume
@@ -1101,12 +1089,6 @@ class Tailer:
             return pin, None
         assert self._coverage_checks is not None
         return pin, self._coverage_checks.submit(self.sink.mirror_holds, table, covered)
-
-    def _changes_waited(self, pending: _Pending) -> bool:
-        """Whether the batch's first log change has waited ``pin_ahead_s`` (see
-        :attr:`TailOptions.pin_ahead_s`)."""
-        return (pending.first_change_at is not None
-                and time.monotonic() - pending.first_change_at >= self.options.pin_ahead_s)
 
     def _pinned_files_ready(self, pending: _Pending) -> bool:
         """Whether every chunk the batch pinned has its files, or never will (then it is
