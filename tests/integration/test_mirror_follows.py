@@ -237,7 +237,7 @@ def test_between_a_running_captures_chunks_the_mirror_merges_at_its_capture_peri
             insert_a_row_into_the_changelog(services, spark, rt, db, table, failures)
             time.sleep(2.0)  # four times mirror_every_s, the tailer idle meanwhile
             assert not failures, failures
-            merger = tailer._merger  # noqa: SLF001 - the run's own merger
+            merger = tailer._mirrors.merger  # noqa: SLF001 - the run's own merger
             assert merger is not None and merger.idle() and mirror_batch(rt) == merged_batch, (
                 "merging between a running capture's chunks")
             end_captures(rt)
@@ -273,7 +273,7 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
                 conn.close()
 
         def merger_idle() -> bool:
-            merger = tailer._merger  # noqa: SLF001 - the run's own merger
+            merger = tailer._mirrors.merger  # noqa: SLF001 - the run's own merger
             return merger is not None and merger.idle()
 
         writer = threading.Thread(target=write)

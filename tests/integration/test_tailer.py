@@ -104,7 +104,7 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
     is still the recorded batch (an aborted window adds nothing) and is written, instead
     of stopping with a start-over error."""
     from pipeline.events import Window
-    from pipeline.tailer import Tailer
+    from pipeline.tail.commit import Committer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"settled_{uuid.uuid4().hex[:8]}"
@@ -138,13 +138,13 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
             capturer._recover(capture_id, range_id)  # the resumed capture, first
             assert rt.state.get_window(wid) is None
             replays = []
-            record = Tailer._record_intent
+            record = Committer._record_intent
 
             def noted(self: Any, *args: Any) -> Any:
                 replays.append(self.state.get_batch_intent() is not None)
                 return record(self, *args)
 
-            monkeypatch.setattr(Tailer, "_record_intent", noted)
+            monkeypatch.setattr(Committer, "_record_intent", noted)
             rt.tailer().run(until_caught_up=True)
             assert replays[:1] == [True], "the recorded batch was not replayed"
             assert rt.state.get_batch_intent() is None
@@ -267,10 +267,10 @@ def test_a_batch_waiting_for_chunk_files_reads_zookeeper_when_they_are_published
     publication wakes it through its watches, and the batch is written at once, although
     its fallback look is a minute away here."""
     from pipeline import handoff
-    from pipeline import tailer as tailer_module
+    from pipeline.tail import emissions
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
-    monkeypatch.setattr(tailer_module, "FILES_LOOK_S", 60.0)
+    monkeypatch.setattr(emissions, "FILES_LOOK_S", 60.0)
     with _two_chunks(services, spark, tmp_path, "watch", 7510) as (
         rt, table, capture_id, range_id, first, second
     ):
@@ -792,11 +792,11 @@ def test_a_tailer_killed_right_after_a_closed_batch_commits_loses_no_chunk_pinne
     committed its look-ahead with the closed batch would leave the second chunk counted as
     emitted with its rows in no commit: the resumed capture would end without them."""
     from pipeline import handoff
-    from pipeline.tailer import Tailer
+    from pipeline.tail.commit import Committer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     dies_after: set[str] = set()
-    commit = Tailer._commit
+    commit = Committer._commit
 
     def commit_then_die(self: Any, *args: Any) -> Any:
         result = commit(self, *args)
@@ -805,7 +805,7 @@ def test_a_tailer_killed_right_after_a_closed_batch_commits_loses_no_chunk_pinne
             raise _Crash
         return result
 
-    monkeypatch.setattr(Tailer, "_commit", commit_then_die)
+    monkeypatch.setattr(Committer, "_commit", commit_then_die)
     with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "killq",
                                                   7509) as s:
         rt, first, second = s.rt, s.first, s.second

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.batching import BatchCutter, Cut, ReplayMismatch
+from pipeline.batching import BatchCutter, Cut, Due, ReplayMismatch
 from pipeline.events import Position
 
 
@@ -239,3 +239,104 @@ def test_a_batch_is_full_at_its_event_limit_and_not_merely_old() -> None:
     assert cutter.full
     cutter.cut(Cut(Position(160), {"lsn": 160}), 5.2)
     assert not cutter.full
+
+
+# ---- when a batch holding pinned chunks is cut (BatchCutter.due, may_close, waiting) ----
+
+
+def pinning_cutter(*, replay: Cut | None = None, max_events: int = 10,
+                   pins_per_batch: int | None = 2, pin_ahead_s: float | None = 1.0
+                   ) -> BatchCutter:
+    return BatchCutter(committed=Position(100), max_events=max_events, max_seconds=100.0,
+                       now=0.0, replay=replay, pins_per_batch=pins_per_batch,
+                       pin_ahead_s=pin_ahead_s)
+
+
+def test_a_batch_with_pins_waits_for_their_files_until_it_must_be_cut() -> None:
+    cutter = pinning_cutter()
+    assert cutter.consumed(Position(150), {"lsn": 150}, 1, 0.1, pinned=1) is None
+    assert cutter.due(closed=False, pinned=0, first_change_at=0.1, now=0.2) is Due.NOW
+    assert cutter.due(closed=False, pinned=1, first_change_at=0.1, now=0.2) is (
+        Due.IF_FILES_READY)
+    # its first log change waited pin_ahead_s: cut without the files
+    assert cutter.due(closed=False, pinned=1, first_change_at=0.1, now=1.1) is Due.NOW
+    # pins_per_batch pinned: cut without the files
+    assert cutter.due(closed=False, pinned=2, first_change_at=0.1, now=0.2) is Due.NOW
+    # only chunk emissions, no log change: no age of its changes
+    assert cutter.due(closed=False, pinned=1, first_change_at=None, now=99.0) is (
+        Due.IF_FILES_READY)
+
+
+def test_after_a_closed_batch_the_next_is_cut_only_when_full_or_its_changes_waited() -> None:
+    cutter = pinning_cutter(max_events=3)
+    assert cutter.consumed(Position(150), {"lsn": 150}, 1, 0.1) is None
+    assert cutter.due(closed=True, pinned=0, first_change_at=0.1, now=0.2) is Due.NOT_YET
+    assert cutter.due(closed=True, pinned=5, first_change_at=0.1, now=0.2) is Due.NOT_YET
+    assert cutter.due(closed=True, pinned=0, first_change_at=0.1, now=1.1) is Due.NOW
+    assert cutter.consumed(Position(160), {"lsn": 160}, 2, 0.3) is not None  # full
+    assert cutter.due(closed=True, pinned=0, first_change_at=0.1, now=0.3) is Due.NOW
+
+
+def test_a_batch_that_pinned_pins_per_batch_chunks_is_cut_after_its_transaction() -> None:
+    cutter = pinning_cutter(pins_per_batch=2)
+    assert cutter.consumed(Position(150), {"lsn": 150}, 0, 0.1, pinned=1) is None
+    assert cutter.consumed(Position(160), {"lsn": 160}, 0, 0.2, pinned=2) == Cut(
+        Position(160), {"lsn": 160})
+    unlimited = pinning_cutter(pins_per_batch=None)
+    assert unlimited.consumed(Position(150), {"lsn": 150}, 0, 0.1, pinned=50) is None
+    assert not unlimited.pins_full(10**6)
+
+
+def test_a_replayed_batch_pins_without_limit_is_never_closed_and_is_cut_at_its_end() -> None:
+    end = Cut(Position(300), {"lsn": 300})
+    cutter = pinning_cutter(replay=end, pins_per_batch=1)
+    assert cutter.consumed(Position(150), {"lsn": 150}, 1, 0.1, pinned=3) is None
+    assert not cutter.pins_full(3)
+    assert not cutter.may_close(3)
+    assert cutter.waiting(3) is None  # only its recorded end closes it
+    assert cutter.due(closed=False, pinned=3, first_change_at=0.1, now=0.2) is Due.NOW
+    assert cutter.consumed(Position(300), {"lsn": 300}, 1, 0.2, pinned=3) == end
+
+
+def test_a_timed_out_read_considers_the_pending_cut_of_a_batch_with_pins_only() -> None:
+    cutter = pinning_cutter()
+    assert cutter.waiting(1) is None  # nothing consumed yet
+    assert cutter.consumed(Position(150), {"lsn": 150}, 1, 0.1) is None
+    assert cutter.waiting(0) is None
+    assert cutter.waiting(1) == Cut(Position(150), {"lsn": 150})
+    assert cutter.may_close(1) and not cutter.may_close(0)
+
+
+@settings(max_examples=300, deadline=500)
+@given(closed=st.booleans(), replaying=st.booleans(), pinned=st.integers(0, 6),
+       pins_per_batch=st.none() | st.integers(1, 4), events=st.integers(0, 12),
+       first_change_at=st.none() | st.floats(0.0, 10.0),
+       waited_for=st.floats(0.0, 10.0), pin_ahead_s=st.none() | st.floats(0.0, 5.0))
+def test_due_follows_the_pinning_rules(
+    closed: bool, replaying: bool, pinned: int, pins_per_batch: int | None, events: int,
+    first_change_at: float | None, waited_for: float, pin_ahead_s: float | None
+) -> None:
+    replay = Cut(Position(10**6), {"lsn": 10**6}) if replaying else None
+    cutter = pinning_cutter(replay=replay, max_events=8, pins_per_batch=pins_per_batch,
+                            pin_ahead_s=pin_ahead_s)
+    cutter.consumed(Position(150), {"lsn": 150}, events, 0.0)
+    now = (first_change_at or 0.0) + waited_for
+    verdict = cutter.due(closed=closed, pinned=pinned, first_change_at=first_change_at,
+                         now=now)
+    full = events >= 8
+    waited = (first_change_at is not None and pin_ahead_s is not None
+              and now - first_change_at >= pin_ahead_s)
+    if closed:  # never sooner than it must, never waiting on its own files
+        assert verdict is (Due.NOW if full or waited else Due.NOT_YET)
+        return
+    assert verdict is not Due.NOT_YET
+    if replaying or full or waited or not pinned:
+        assert verdict is Due.NOW
+    elif pins_per_batch is not None and pinned >= pins_per_batch:
+        assert verdict is Due.NOW
+    else:
+        assert verdict is Due.IF_FILES_READY
+    # a batch that waits for files is one that may be closed to wait for them
+    assert cutter.may_close(pinned) == (pinned > 0 and not replaying)
+    if verdict is Due.IF_FILES_READY:
+        assert cutter.may_close(pinned)
