@@ -92,9 +92,9 @@ def warm_up(spark: Any, dialect: Any, db: str, path: Path) -> None:
 def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namespace
                   ) -> dict[str, Any]:
     """A capture of the table to the end, the way ``dblog capture`` runs it."""
-    from pipeline.capture import writer as capture_module
     from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
+    from pipeline.capture import writer as capture_module
     from pipeline.runtime import open_runtime
     from pipeline.tail.emissions import Emissions
 

@@ -54,9 +54,9 @@ def baseline(spark: Any, dialect: Any, schema: str, rows: int, path: Path) -> di
 
 
 def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
-    from pipeline.capture import writer as capture_module
     from pipeline.background import BackgroundTailer
     from pipeline.capture import plan_request
+    from pipeline.capture import writer as capture_module
 
     batches: list[tuple[int, float]] = []
     profile = Profile()

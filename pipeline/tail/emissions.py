@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from pipeline import handoff
+from pipeline.chunk_protocol import ChunkDescription, ChunkFiles, ChunkPin
 from pipeline.chunking import KeyRange
 from pipeline.errors import DblogError
-from pipeline.events import TableId, key_from_json
+from pipeline.events import Key, TableId, key_from_json
 from pipeline.faults import crash_point
-from pipeline.handoff import ChunkFiles, ChunkPin, chunk_path
 from pipeline.lake.sink import DeltaSink
 from pipeline.sources.base import SourceDialect
 from pipeline.state import Lookout, RangeProgress, StateStore, Versioned, WindowUpdate
@@ -73,7 +71,7 @@ class Emissions:
         awaited before the batch is written: :meth:`settle_pinned`); else abort it."""
         wid = em.window.window_id
         doc = self.windows.docs.get(wid)
-        chunk = self.state.get(chunk_path(wid))
+        chunk = handoff.read_description(self.state, em.window.table, wid)
         reason = None
         if doc is None or chunk is None:
             reason = "the chunk was never described by its capture"
@@ -92,20 +90,20 @@ class Emissions:
             self.windows.abort(wid, reason, pending)
             return
         assert doc is not None and chunk is not None
-        covered = self._coverage(em.window.table, chunk.value.get("delete_range"))
-        pin, mirror_check = self._pin(em, chunk.value, pending, covered)
+        covered = self._coverage(em.window.table, chunk.delete_range)
+        pin, mirror_check = self._pin(em, chunk, pending, covered)
         self.windows.settled.add(wid)
         # Advance the in-memory progress now so a later chunk of the same range in this
         # batch is judged against it (rolled back if this chunk's files never come);
         # ZooKeeper gets it in the batch's commit.
         range_key = (str(doc.extra["capture_id"]), str(doc.extra["range_id"]))
         current = self.ranges[range_key]
-        last = key_from_json(chunk.value.get("last_key"))
+        last = chunk.last_key
         new = replace(
             current.value,
             last_emitted_key=last if last is not None else current.value.last_emitted_key,
             chunks_emitted=current.value.chunks_emitted + 1,
-            done=bool(chunk.value.get("final")),
+            done=chunk.final,
         )
         self.ranges[range_key] = Versioned(new, current.version)
         pending.pinned.append(Pinned(
@@ -115,7 +113,7 @@ class Emissions:
                             FILES_LOOK_S),
             mirror_check=mirror_check))
 
-    def _pin(self, em: ChunkEmission, chunk: Mapping[str, Any], pending: Pending,
+    def _pin(self, em: ChunkEmission, chunk: ChunkDescription, pending: Pending,
              covered: KeyRange | None) -> tuple[ChunkPin, Future[bool] | None]:
         """Pin the window for this batch: its capture writes the chunk's files for it; the
         pin, and the check whether the mirror holds a row in the chunk's coverage (without
@@ -134,9 +132,8 @@ class Emissions:
         predecessor died before its commit) do as well: the commit writes their rows again
         with this attempt's tags."""
         table = em.window.table
-        columns = handoff.columns_from_json(table, chunk.get("key") or (), chunk.get("columns"))
-        if columns is not None:
-            self.sink.ensure_schema(columns)
+        if chunk.schema is not None:
+            self.sink.ensure_schema(chunk.schema)
         elif not self.sink.known_columns(table):
             self.sink.ensure_schema(self.dialect.table_schema(table))
         pin = ChunkPin(em.window.window_id, self._batch_no() + len(self.closed),
@@ -280,14 +277,14 @@ class Emissions:
         assert found is not None
         return found.value.batch + 1
 
-    def _coverage(self, table: TableId, delete_range: Any) -> KeyRange | None:
+    def _coverage(self, table: TableId, delete_range: tuple[Key | None, Key | None] | None
+                  ) -> KeyRange | None:
         """The key range whose mirror rows the chunk proves gone when it did not return them
         (None: a filtered chunk, or a key order Spark cannot reproduce for range tests)."""
-        if not isinstance(delete_range, Mapping):
+        if delete_range is None:
             return None
         if table not in self.key_order:
             self.key_order[table] = self.dialect.spark_orders_keys_like_source(table)
         if not self.key_order[table]:
             return None
-        return KeyRange(key_from_json(delete_range.get("after")),
-                        key_from_json(delete_range.get("through")))
+        return KeyRange(*delete_range)

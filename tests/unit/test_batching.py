@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -144,7 +145,7 @@ def logs(draw: st.DrawFn) -> list[Tx]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=timedelta(seconds=10))
 @given(log=logs(), seed=st.integers(0, 2**32 - 1), crashes=st.lists(st.integers(1, 40),
                                                                      max_size=6))
 def test_replayed_batches_equal_written_and_nothing_is_lost(
