@@ -10,13 +10,13 @@ setup:  ## install Debian packages, the virtual environment and the Spark jars (
 	@bash scripts/setup.sh
 
 services-up: setup  ## start MariaDB, PostgreSQL and ZooKeeper on loopback (idempotent)
-	@$(PY) -m pipeline.cli services up
+	@$(PY) -m devtools.services up
 
 services-down:
-	@$(PY) -m pipeline.cli services down
+	@$(PY) -m devtools.services down
 
 lint: setup  ## ruff and mypy on the packages; every test module imports (collection only)
-	@$(VENV)/bin/ruff check pipeline assets resources tests bench
+	@$(VENV)/bin/ruff check dblog devtools assets resources tests bench
 	@$(VENV)/bin/mypy
 	@$(PY) -m pytest tests -q --collect-only -p no:cacheprovider > /dev/null || \
 		$(PY) -m pytest tests -q --collect-only -p no:cacheprovider
@@ -36,14 +36,14 @@ chaos: services-up  ## the chaos run, per database: ROUNDS kills of tailers, cap
 		$(PY) -m pytest tests/integration/test_chaos.py -q -s -p no:cacheprovider
 
 demo: services-up  ## the main job on the embedded default configuration
-	@$(PY) -m pipeline.demo
+	@$(PY) -m devtools.demo
 
 DAGSTER_HOME_DIR := $(CURDIR)/.dblog/dagster
 
 dagster: services-up  ## the Dagster UI and daemon on http://127.0.0.1:3000 (config: $$DBLOG_CONFIG or the demo's)
 	@mkdir -p $(DAGSTER_HOME_DIR) && cp deploy/dagster.yaml $(DAGSTER_HOME_DIR)/dagster.yaml
-	@test -n "$$DBLOG_CONFIG" || test -f .dblog/demo/dblog.yaml || $(PY) -m pipeline.demo --config-only
-	@eval "$$($(PY) -m pipeline.cli services env)" && export DBLOG_MARIADB_PASSWORD DBLOG_PG_PASSWORD && \
+	@test -n "$$DBLOG_CONFIG" || test -f .dblog/demo/dblog.yaml || $(PY) -m devtools.demo --config-only
+	@eval "$$($(PY) -m devtools.services env)" && export DBLOG_MARIADB_PASSWORD DBLOG_PG_PASSWORD && \
 		DAGSTER_HOME=$(DAGSTER_HOME_DIR) $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean: services-down

@@ -1,1 +1,1 @@
-"""Dagster assets, checks, sensors and schedules: thin wiring of ``pipeline``."""
+"""Dagster assets, checks, sensors and schedules: thin wiring of the ``dblog`` engine."""

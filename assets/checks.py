@@ -11,10 +11,10 @@ from dagster import (
 )
 
 from assets.naming import TableAssets
-from pipeline.lake.audit import audit_position_order
-from pipeline.ranges import key_ranges
-from pipeline.repair import repair_table
-from pipeline.status import collect_status
+from dblog.app.repair import repair_table
+from dblog.app.status import collect_status
+from dblog.core.ranges import key_ranges
+from dblog.lake.audit import audit_position_order
 from resources import DblogResource
 
 

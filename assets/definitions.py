@@ -15,9 +15,9 @@ from assets.naming import TableAssets
 from assets.planner import planner_sensor
 from assets.repair import repair_job, repair_schedule
 from assets.tailer import keep_alive_sensor, tailer_job
-from pipeline.config import PipelineConfig, load_config
-from pipeline.lake.layout import LakeLayout
-from pipeline.spark import spark_conf
+from dblog.app.config import PipelineConfig, load_config
+from dblog.app.spark import spark_conf
+from dblog.lake.layout import LakeLayout
 from resources import DblogResource, LakeResource, SourceResource, ZooKeeperResource
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from dagster import AssetMaterialization, DagsterInstance
 
 from assets.naming import TableAssets
-from pipeline.capture import RangeReport
-from pipeline.paths import PROJECT_ROOT, dblog_home
-from pipeline.ranges import plan_more
-from pipeline.runtime import Runtime
+from dblog.app.paths import PROJECT_ROOT, dblog_home
+from dblog.app.runtime import Runtime
+from dblog.capture import RangeReport
+from dblog.core.ranges import plan_more
 
 
 def dagster_home() -> Path:

@@ -22,10 +22,10 @@ from dagster import (
 )
 
 from assets.naming import TableAssets, pool_name
-from pipeline.capture import RangeReport
-from pipeline.errors import DblogError
-from pipeline.range_capture import capture_ranges, tailer_watchdog
-from pipeline.ranges import key_ranges
+from dblog.capture import RangeReport
+from dblog.capture.range_capture import capture_ranges, tailer_watchdog
+from dblog.core.errors import DblogError
+from dblog.core.ranges import key_ranges
 from resources import DblogResource
 
 RANGES_PER_RUN = 10

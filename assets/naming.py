@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dagster import AssetKey
 
-from pipeline.events import TableId
+from dblog.core.events import TableId
 
 TAILER_TAG = "dblog/tailer"
 """Run tag naming the source a tailer run serves (a concurrency limit of 1 per value)."""

@@ -14,9 +14,9 @@ from dagster import (
 )
 
 from assets.naming import TableAssets, safe_name
-from pipeline.errors import DblogError
-from pipeline.ranges import plan_more
-from pipeline.runtime import Runtime
+from dblog.app.runtime import Runtime
+from dblog.core.errors import DblogError
+from dblog.core.ranges import plan_more
 from resources import DblogResource
 
 PLAN_MOST_PER_TICK = 2000

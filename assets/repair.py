@@ -1,5 +1,5 @@
 """Repair dumps: a job and a schedule per table that run one pass of the rolling
-verification (``pipeline.repair``) over the ``full_state`` partitions' ranges: compared one
+verification (``dblog.app.repair``) over the ``full_state`` partitions' ranges: compared one
 at a time, paced by ``repair.max_rows_per_s``, and only the ranges that differ captured."""
 
 import threading
@@ -24,11 +24,11 @@ from dagster import (
 
 from assets.full_state import range_metadata
 from assets.naming import TableAssets, pool_name
-from pipeline.config import TableConfig
-from pipeline.errors import DblogError
-from pipeline.range_capture import tailer_watchdog
-from pipeline.ranges import key_ranges, plan_more
-from pipeline.repair import repair_table
+from dblog.app.config import TableConfig
+from dblog.app.repair import repair_table
+from dblog.capture.range_capture import tailer_watchdog
+from dblog.core.errors import DblogError
+from dblog.core.ranges import key_ranges, plan_more
 from resources import DblogResource
 
 DEFAULT_CRON = "0 3 * * *"

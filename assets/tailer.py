@@ -1,6 +1,6 @@
 """The source's tailer as one long-running Dagster job, kept alive by a sensor.
 
-The job's op runs :func:`pipeline.follow.tail_following_config` on a thread and yields a
+The job's op runs :func:`dblog.tail.follow.tail_following_config` on a thread and yields a
 materialization of each touched table's ``changelog`` and ``mirror`` per committed batch
 (Dagster publishes an op's events when it yields them). Terminating the run from the UI
 interrupts the op; it stops the tailer at a batch boundary before the run ends.
@@ -37,11 +37,11 @@ from dagster import (
 )
 
 from assets.naming import TAILER_TAG, TableAssets, safe_name, tailer_job_name
-from pipeline.config import load_config
-from pipeline.errors import DblogError, LockHeld
-from pipeline.events import TableId, seconds_since_commit
-from pipeline.follow import tail_following_config
-from pipeline.tailer import BatchReport
+from dblog.app.config import load_config
+from dblog.core.errors import DblogError, LockHeld
+from dblog.core.events import TableId, seconds_since_commit
+from dblog.tail import BatchReport
+from dblog.tail.follow import tail_following_config
 from resources import DblogResource
 
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,

@@ -63,8 +63,8 @@ from bench.cpu import (
     spent_since,
     threads_since,
 )
-from pipeline import services
-from pipeline.sample import q
+from devtools import services
+from devtools.sample import q
 
 
 def baseline(spark: Any, dialect: Any, db: str, rows: int, partitions: int, path: Path
@@ -92,11 +92,11 @@ def warm_up(spark: Any, dialect: Any, db: str, path: Path) -> None:
 def dblog_capture(ep: Any, spark: Any, db: str, name: str, args: argparse.Namespace
                   ) -> dict[str, Any]:
     """A capture of the table to the end, the way ``dblog capture`` runs it."""
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import plan_request
-    from pipeline.capture import writer as capture_module
-    from pipeline.runtime import open_runtime
-    from pipeline.tail.emissions import Emissions
+    from dblog.app.runtime import open_runtime
+    from dblog.capture import plan_request
+    from dblog.capture import writer as capture_module
+    from dblog.tail.background import BackgroundTailer
+    from dblog.tail.emissions import Emissions
 
     table = f"{db}.{TABLE}"
     config = pipeline_config(ep, name=name, tables=[table], lake=lake_dir(name) / "lake",
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         args.capture_timeout = min(args.capture_timeout, 120.0)
     output = args.output or RESULTS_DIR / ("capture-smoke.json" if args.smoke else "capture.json")
 
-    from pipeline.runtime import make_dialect
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import make_dialect
+    from dblog.app.spark import build_spark_session
 
     services.up()
     ep = services.endpoints()

@@ -45,7 +45,7 @@ from bench.common import (
     write_results,
 )
 from bench.cpu import cpu_seconds
-from pipeline import services
+from devtools import services
 
 
 def dumps(spark: Any, dialect: Any, dbs: list[str], rows: int, name: str) -> dict[str, Any]:
@@ -60,9 +60,9 @@ def dumps(spark: Any, dialect: Any, dbs: list[str], rows: int, name: str) -> dic
 def capture_all(ep: Any, spark: Any, dbs: list[str], parallel: int, name: str,
                 timeout_s: float) -> dict[str, Any]:
     """One capture of every table to the end, the way ``dblog capture`` runs it."""
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import plan_request
-    from pipeline.runtime import open_runtime
+    from dblog.app.runtime import open_runtime
+    from dblog.capture import plan_request
+    from dblog.tail.background import BackgroundTailer
 
     tables = [f"{db}.{TABLE}" for db in dbs]
     config = pipeline_config(ep, name=name, tables=tables, lake=lake_dir(name) / "lake",
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / (
         "capture-tables-smoke.json" if args.smoke else "capture-tables.json")
 
-    from pipeline.runtime import make_dialect
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import make_dialect
+    from dblog.app.spark import build_spark_session
 
     services.up()
     ep = services.endpoints()

@@ -37,8 +37,8 @@ from bench.common import (
     server_id,
     write_results,
 )
-from pipeline import services
-from pipeline.sample import connect, q
+from devtools import services
+from devtools.sample import connect, q
 
 
 def aggregate(frame: Any) -> tuple[int, int]:
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from deltalake import DeltaTable
 
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import plan_request
-    from pipeline.events import TableId
-    from pipeline.lake.current import current_state, mirror_mark
-    from pipeline.lake.current_arrow import read_current_state
-    from pipeline.runtime import open_runtime
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import open_runtime
+    from dblog.app.spark import build_spark_session
+    from dblog.capture import plan_request
+    from dblog.core.events import TableId
+    from dblog.lake.current import current_state, mirror_mark
+    from dblog.lake.current_arrow import read_current_state
+    from dblog.tail.background import BackgroundTailer
 
     services.up()
     ep = services.endpoints()

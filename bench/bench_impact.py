@@ -77,10 +77,10 @@ from bench.workload import (
     percentiles,
     replica_id,
 )
-from pipeline import services
-from pipeline.paths import dblog_home
-from pipeline.services import Endpoints
-from pipeline.spark import spark_conf
+from dblog.app.paths import dblog_home
+from dblog.app.spark import spark_conf
+from devtools import services
+from devtools.services import Endpoints
 
 TARGET_PINNED_P99_RATIO = 1.1
 SIDES = ("without", "tailer", "with")
@@ -202,7 +202,7 @@ class Pipeline:
 
     def __init__(self, ep: Endpoints, spark: Any, db: str, name: str,
                  args: argparse.Namespace, max_rows_per_s: float | None) -> None:
-        from pipeline.runtime import open_runtime
+        from dblog.app.runtime import open_runtime
 
         self.args = args
         self.table = f"{db}.{TABLE}"
@@ -264,7 +264,7 @@ class Pipeline:
     def _start_tailer(self) -> None:
         if self._tailer is not None:
             return
-        from pipeline.background import BackgroundTailer
+        from dblog.tail.background import BackgroundTailer
 
         # Stopped without the final merge of the mirrors: the next side would wait for it.
         self._tailer = BackgroundTailer(
@@ -278,7 +278,7 @@ class Pipeline:
             tailer.stop()
 
     def _start_capture(self) -> bool:
-        from pipeline.capture import plan_request
+        from dblog.capture import plan_request
 
         if self._capture is not None:
             return True
@@ -393,7 +393,7 @@ def placement_main(ep: Endpoints, db: str, name: str, placement: Placement,
     """The pipeline process of one placement (:func:`measure_rounds`). Sends its row and
     exits at once (``os._exit``)."""
     os.sched_setaffinity(0, placement.pipeline_cpus)  # before the JVM starts: it inherits it
-    from pipeline.spark import build_spark_session
+    from dblog.app.spark import build_spark_session
 
     status = 1
     try:
@@ -472,7 +472,7 @@ def _ratios(side: dict[str, Any], base: dict[str, Any]) -> dict[str, float | Non
 
 def _clean_up(ep: Endpoints, measured: dict[str, Any]) -> None:
     """The ZooKeeper state a pipeline process left (it exits without stopping)."""
-    from pipeline.state import StateStore
+    from dblog.state import StateStore
 
     zk = measured.get("pipeline", {}).get("zookeeper")
     if zk:

@@ -79,9 +79,9 @@ from bench.workload import (
     percentiles,
     replica_id,
 )
-from pipeline import services
-from pipeline.sample import connect, q
-from pipeline.services import Endpoints
+from devtools import services
+from devtools.sample import connect, q
+from devtools.services import Endpoints
 
 MARKS = "marks"  # the baseline's start and end markers (not a tracked table)
 TARGETS = {"changelog_p50_s": 2.0, "changelog_p99_s": 5.0}
@@ -318,7 +318,7 @@ class CaptureBeside(threading.Thread):
     """A capture of ``table`` to its end, in a thread of its own (``--capture``)."""
 
     def __init__(self, rt: Any, table: Any, health_check: Callable[[], None]) -> None:
-        from pipeline.capture import CaptureRequest
+        from dblog.capture import CaptureRequest
 
         super().__init__(name="capture-beside", daemon=True)
         self.capturer = rt.capturer()
@@ -362,9 +362,9 @@ class CaptureBeside(threading.Thread):
 def dblog_phase(ep: Endpoints, spark: Any, db: str, name: str, args: argparse.Namespace,
                 first_new: int) -> tuple[dict[str, Any], Commits]:
     """Writers for ``--seconds`` while the tailer runs and the poller watches the lake."""
-    from pipeline.background import BackgroundTailer
-    from pipeline.events import TableId
-    from pipeline.runtime import open_runtime
+    from dblog.app.runtime import open_runtime
+    from dblog.core.events import TableId
+    from dblog.tail.background import BackgroundTailer
 
     config = pipeline_config(ep, name=name, tables=[f"{db}.{TABLE}"],
                              lake=lake_dir(name) / "lake", server_id=replica_id(8100, 8139),
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / ("latency-smoke.json" if args.smoke
                                            else "latency.json")
 
-    from pipeline.spark import build_spark_session
+    from dblog.app.spark import build_spark_session
 
     t0 = time.monotonic()
     services.up()

@@ -37,7 +37,7 @@ from bench.common import (
     with_ratios,
     write_results,
 )
-from pipeline import services
+from devtools import services
 
 
 def baseline(spark: Any, dialect: Any, schema: str, rows: int, path: Path) -> dict[str, Any]:
@@ -54,9 +54,9 @@ def baseline(spark: Any, dialect: Any, schema: str, rows: int, path: Path) -> di
 
 
 def dblog_capture(rt: Any, table: str, timeout: float) -> dict[str, Any]:
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import plan_request
-    from pipeline.capture import writer as capture_module
+    from dblog.capture import plan_request
+    from dblog.capture import writer as capture_module
+    from dblog.tail.background import BackgroundTailer
 
     batches: list[tuple[int, float]] = []
     profile = Profile()
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / (
         "pg-capture-smoke.json" if args.smoke else "pg-capture.json")
 
-    from pipeline.runtime import open_runtime
-    from pipeline.sources.postgres.connection import default_slot
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import open_runtime
+    from dblog.app.spark import build_spark_session
+    from dblog.sources.postgres.connection import default_slot
 
     services.up()
     ep = services.endpoints()

@@ -44,10 +44,10 @@ from bench.common import (
     run_id,
     write_results,
 )
-from pipeline import services
-from pipeline.config import PipelineConfig, parse_config
-from pipeline.services import Endpoints
-from pipeline.sources.postgres import pgoutput as po
+from dblog.app.config import PipelineConfig, parse_config
+from dblog.sources.postgres import pgoutput as po
+from devtools import services
+from devtools.services import Endpoints
 
 SHAPES = ("single", "batch100")
 ROWS_PER_BATCH = 100
@@ -204,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / (
         "pg-tail-smoke.json" if args.smoke else "pg-tail.json")
 
-    from pipeline.runtime import open_runtime
-    from pipeline.sources.postgres.connection import default_slot
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import open_runtime
+    from dblog.app.spark import build_spark_session
+    from dblog.sources.postgres.connection import default_slot
 
     services.up()
     ep = services.endpoints()

@@ -53,8 +53,8 @@ from bench.common import (
     remove_lake,
     write_results,
 )
-from pipeline import services
-from pipeline.events import TableId
+from dblog.core.events import TableId
+from devtools import services
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +77,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import functions as F
 
-    from pipeline.compare import compare_ranges, mirror_checksums
-    from pipeline.ranges import key_ranges, plan_more
-    from pipeline.runtime import open_runtime
-    from pipeline.sources.base import ChunkSpec
-    from pipeline.spark import build_spark_session
-    from pipeline.verify import FULL_TABLE, verify_table
+    from dblog.app.compare import compare_ranges, mirror_checksums
+    from dblog.app.runtime import open_runtime
+    from dblog.app.spark import build_spark_session
+    from dblog.app.verify import FULL_TABLE, verify_table
+    from dblog.core.ranges import key_ranges, plan_more
+    from dblog.sources.base import ChunkSpec
 
     services.up()
     ep = services.endpoints()
@@ -165,7 +165,7 @@ class Walk:
         self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
         self.seen: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "-c", str(config_path), "repair",
+            [sys.executable, "-m", "dblog.app.cli", "-c", str(config_path), "repair",
              "--continuous"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -207,9 +207,9 @@ def _row(line: str, table: str) -> tuple[str, str] | None:
 def heal_main(args: argparse.Namespace) -> int:
     import yaml
 
-    from pipeline.config import RepairConfig, parse_config
-    from pipeline.ranges import parse_range_name
-    from pipeline.sample import config_dict, connect, q
+    from dblog.app.config import RepairConfig, parse_config
+    from dblog.core.ranges import parse_range_name
+    from devtools.sample import config_dict, connect, q
 
     if args.smoke:
         args.rows = 5000
@@ -236,7 +236,7 @@ def heal_main(args: argparse.Namespace) -> int:
     walk: Walk | None = None
     try:
         began = time.monotonic()
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "-c", str(config_path),
+        subprocess.run([sys.executable, "-m", "dblog.app.cli", "-c", str(config_path),
                         "capture"], check=True, stdout=subprocess.DEVNULL)
         capture_s = time.monotonic() - began
         print(f"  captured {args.rows:,} rows in {capture_s:.1f}s; dblog repair --continuous "

@@ -32,9 +32,9 @@ from bench.common import (
     write_results,
 )
 from bench.cpu import mariadb_cpu_seconds
-from pipeline import services
-from pipeline.events import TableId
-from pipeline.sources.base import ChunkSpec
+from dblog.core.events import TableId
+from dblog.sources.base import ChunkSpec
+from devtools import services
 
 
 def read_held(spark: Any, dialect: Any, spec: ChunkSpec, schema: Any) -> dict[str, Any]:
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.rounds = 2000, 1
     output = args.output or RESULTS_DIR / ("select-smoke.json" if args.smoke else "select.json")
 
-    from pipeline.runtime import make_dialect
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import make_dialect
+    from dblog.app.spark import build_spark_session
 
     services.up()
     ep = services.endpoints()

@@ -14,11 +14,11 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-from pipeline.events import ChangeEvent, Op, Position, TableId
-from pipeline.lake.layout import LakeLayout
-from pipeline.lake.sink import DeltaSink, TableBatch
-from pipeline.sources.base import Column, TableSchema
-from pipeline.spark import build_spark_session
+from dblog.app.spark import build_spark_session
+from dblog.core.events import ChangeEvent, Op, Position, TableId
+from dblog.lake.layout import LakeLayout
+from dblog.lake.sink import DeltaSink, TableBatch
+from dblog.sources.base import Column, TableSchema
 
 TABLE = TableId("bench", "accounts")
 SCHEMA = TableSchema(TABLE, (Column("id", "INT"), Column("name", "STRING"),

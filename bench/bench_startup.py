@@ -25,7 +25,7 @@ from bench.common import RESULTS_DIR, print_table, write_results
 _CHILD = """
 import json, shutil, sys, time
 began = time.perf_counter()
-from pipeline.spark import build_spark_session
+from dblog.app.spark import build_spark_session
 spark = build_spark_session()
 session = time.perf_counter()
 path = sys.argv[1]
@@ -35,7 +35,7 @@ if sys.argv[2] == "delta":
     from delta.tables import DeltaTable
     DeltaTable.forPath(spark, path).history(1).collect()
 done = time.perf_counter()
-from pipeline.jvm_archive import archive_path
+from dblog.app.jvm_archive import archive_path
 with open(f"/proc/{spark.sparkContext._gateway.proc.pid}/maps") as maps:
     mapped = str(archive_path()) in maps.read()  # the JVM maps the archive it uses
 print(json.dumps({"session_s": session - began, "first_delta_s": done - session,
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS_DIR / ("startup-smoke.json" if args.smoke
                                            else "startup.json")
 
-    from pipeline.jvm_archive import build_archive
+    from dblog.app.jvm_archive import build_archive
 
     archive = build_archive()  # what `make setup` leaves; written here if it is missing
     if archive is None:

@@ -19,7 +19,7 @@ Then, on that exact range, in one process:
   --until-caught-up --no-final-merge`` runs) from the position before the range, with the
   product's default tail settings, into Delta (the changelog appends, ZooKeeper commits, the
   mirror merged beside them when due): at its end the lake's current state (the mirror and
-  the changelog rows it has not merged, :func:`pipeline.lake.current.current_state`) is the
+  the changelog rows it has not merged, :func:`dblog.lake.current.current_state`) is the
   source's, which the bench then checks (untimed); then a second run merges the mirror
   (``dblog tail --until-caught-up``), timed on its own. The tailer was started and wrote one
   small batch before, so the Delta tables exist.
@@ -68,10 +68,10 @@ from bench.common import (
     table_facts,
     write_results,
 )
-from pipeline import services
-from pipeline.sample import connect, q
-from pipeline.services import Endpoints
-from pipeline.sources.mysql.binlog import binlog_file_index
+from dblog.sources.mysql.binlog import binlog_file_index
+from devtools import services
+from devtools.sample import connect, q
+from devtools.services import Endpoints
 
 SHAPES = ("single", "batch100")
 ROWS_PER_BATCH = 100
@@ -190,7 +190,7 @@ def reader_alone(rt: Any, db: str, start: dict[str, Any], end: dict[str, Any]
                  ) -> dict[str, Any]:
     """dblog's log reader alone over ``[start, end)``: transactions and events built as the
     tailer gets them (every row decoded and converted), nothing written."""
-    from pipeline.events import ChangeEvent, TableId
+    from dblog.core.events import ChangeEvent, TableId
 
     end_at = (binlog_file_index(end["file"]), end["pos"])
     began = time.perf_counter()
@@ -216,8 +216,8 @@ def dblog_tail(rt: Any, db: str, table: str = TABLE) -> dict[str, Any]:
     before the range); then the current state of ``db.table`` checked against the source
     (untimed), and
     the mirror merged by a ``tail --until-caught-up`` (timed on its own)."""
-    from pipeline.events import TableId
-    from pipeline.verify import verify_table
+    from dblog.app.verify import verify_table
+    from dblog.core.events import TableId
 
     batches: list[tuple[int, float]] = []
     profile = Profile()
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         args.events, args.prefill, args.warmup_seconds = 2000, 1000, 1.0
     output = args.output or RESULTS_DIR / ("tail-smoke.json" if args.smoke else "tail.json")
 
-    from pipeline.runtime import open_runtime
-    from pipeline.spark import build_spark_session
+    from dblog.app.runtime import open_runtime
+    from dblog.app.spark import build_spark_session
 
     services.up()
     ep = services.endpoints()

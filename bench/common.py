@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig, parse_config
-from pipeline.paths import dblog_home
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
+from dblog.app.config import PipelineConfig, parse_config
+from dblog.app.paths import dblog_home
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TABLE = "items"
@@ -468,7 +468,7 @@ def with_ratios(row: dict[str, Any]) -> dict[str, Any]:
 
 def zookeeper_requests(ep: Any) -> int | None:
     """The requests the local ZooKeeper received so far (see
-    :meth:`pipeline.services.ZooKeeper.requests_received`)."""
-    from pipeline.services import ZooKeeper
+    :meth:`devtools.services.ZooKeeper.requests_received`)."""
+    from devtools.services import ZooKeeper
 
     return ZooKeeper(dblog_home(), ep).requests_received()

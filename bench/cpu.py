@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.paths import dblog_home
+from dblog.app.paths import dblog_home
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _GROUPS = (("C2 Compiler", "jit_c2"), ("C1 Compiler", "jit_c1"), ("GC ", "gc"),

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import COLUMNS, TABLE, row_exprs
-from pipeline.sample import connect, q
-from pipeline.services import Endpoints
+from devtools.sample import connect, q
+from devtools.services import Endpoints
 
 INSERT, UPDATE = 1, 2
 

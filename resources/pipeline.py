@@ -13,8 +13,8 @@ from dagster import ConfigurableResource
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
-from pipeline.config import PipelineConfig, load_config
-from pipeline.runtime import Runtime, open_runtime
+from dblog.app.config import PipelineConfig, load_config
+from dblog.app.runtime import Runtime, open_runtime
 
 
 class DblogConfigResource(ConfigurableResource):  # type: ignore[type-arg]
@@ -57,7 +57,7 @@ class LakeResource(ConfigurableResource):  # type: ignore[type-arg]
 
 
 class DblogResource(ConfigurableResource):  # type: ignore[type-arg]
-    """Opens the engine's :class:`~pipeline.runtime.Runtime` for an op, sensor or check.
+    """Opens the engine's :class:`~dblog.app.runtime.Runtime` for an op, sensor or check.
 
     Tables, tail and capture settings come from the YAML config at ``config_path``; the
     connections from the nested resources. Spark starts only when a step needs it."""

@@ -56,8 +56,8 @@ if [[ ! -f "$jar_stamp" || jars/pom.xml -nt "$jar_stamp" ]]; then
   touch "$jar_stamp"
 fi
 # 4. A class-data sharing archive of the Spark JVM (every dblog process starts faster; once
-#    per JDK and Spark version: pipeline/jvm_archive.py)
-DBLOG_HOME="$DBLOG_HOME" DBLOG_JARS="$JARS" "$VENV/bin/python" -m pipeline.jvm_archive \
+#    per JDK and Spark version: dblog/app/jvm_archive.py)
+DBLOG_HOME="$DBLOG_HOME" DBLOG_JARS="$JARS" "$VENV/bin/python" -m dblog.app.jvm_archive \
   >/tmp/dblog-jvm-archive.log 2>&1 \
   || fail "could not write the JVM's class archive (see /tmp/dblog-jvm-archive.log; DBLOG_JVM_ARCHIVE=off skips it)"
 say "ready"

@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dblog"))
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.services import Endpoints
+    from devtools.services import Endpoints
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +31,7 @@ def services() -> Endpoints:
     """
     import os
 
-    from pipeline import services as svc
+    from devtools import services as svc
 
     svc.up()
     endpoints = svc.endpoints()
@@ -48,7 +48,7 @@ def _drop_abandoned_slots(ep: Endpoints) -> None:
     another run's slot is inactive between its tailer runs."""
     import warnings
 
-    from pipeline.sample_pg import pg_connect
+    from devtools.sample_pg import pg_connect
 
     conn = pg_connect(ep)
     try:
@@ -67,7 +67,7 @@ def _drop_abandoned_slots(ep: Endpoints) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """The one SparkSession of the test run (Delta from local jars)."""
-    from pipeline.spark import build_spark_session
+    from dblog.app.spark import build_spark_session
 
     session = build_spark_session()
     yield session

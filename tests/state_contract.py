@@ -17,9 +17,9 @@ from typing import Protocol
 
 import pytest
 
-from pipeline.errors import DblogError, LeadershipLost, LockHeld, StateConflict
-from pipeline.events import Position, TableId, Window
-from pipeline.state import (
+from dblog.core.errors import DblogError, LeadershipLost, LockHeld, StateConflict
+from dblog.core.events import Position, TableId, Window
+from dblog.state import (
     ABSENT,
     BatchIntent,
     ChangeSignal,
@@ -31,8 +31,8 @@ from pipeline.state import (
     StateStore,
     WindowUpdate,
 )
-from pipeline.state.backend import Create, Inconsistent, NodeExists, RolledBack
-from pipeline.state.memory import MemoryBackend, MemoryServer
+from dblog.state.backend import Create, Inconsistent, NodeExists, RolledBack
+from dblog.state.memory import MemoryBackend, MemoryServer
 
 ORDERS = TableId("shop", "orders")
 
@@ -49,7 +49,7 @@ class Cluster(Protocol):
 
 
 class MemoryCluster:
-    """Stores on sessions of one :class:`~pipeline.state.memory.MemoryServer`."""
+    """Stores on sessions of one :class:`~dblog.state.memory.MemoryServer`."""
 
     def __init__(self) -> None:
         self.server = MemoryServer()

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import services as local
-from pipeline.state import StateUnavailable
+from dblog.state import StateUnavailable
+from devtools import services as local
 
 KINDS = ("tailer", "capture", "zookeeper", "database")
 
@@ -40,7 +40,7 @@ class Process:
             out.write(f"--- {' '.join(self.argv)} at {time.strftime('%H:%M:%S')}\n")
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", *self.argv], env=self.env,
+                [sys.executable, "-m", "dblog.app.cli", *self.argv], env=self.env,
                 stdout=out, stderr=subprocess.STDOUT, text=True)
 
     @property

@@ -15,8 +15,8 @@ import pymysql
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.sample import Change, connect, q
-from pipeline.services import Endpoints
+from devtools.sample import Change, connect, q
+from devtools.services import Endpoints
 
 
 def source_rows(ep: Endpoints, db: str, table: str, key: tuple[str, ...]) -> dict[tuple[Any, ...],
@@ -200,7 +200,7 @@ def check_history(frame: pd.DataFrame, table: str, key: tuple[str, ...],
     none out of order, no other before or after image.
 
     ``initial``: the table's rows before the writers started; ``changes``: every change
-    the writers committed to ``table`` (:class:`pipeline.sample.ChangeHistory`), all after
+    the writers committed to ``table`` (:class:`devtools.sample.ChangeHistory`), all after
     the tailer's start (the log must hold each); ``final``: the table's rows now. Capture
     rows (``r``, and a capture's ``d`` rows) are no log events: the other checks judge them.
 

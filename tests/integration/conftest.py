@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import pymysql
 import pytest
 
-from pipeline.sources.mysql import MySqlDialect
-from pipeline.sources.mysql.sqltext import quote_ident
+from dblog.sources.mysql import MySqlDialect
+from dblog.sources.mysql.sqltext import quote_ident
 from tests.integration.helpers import make_settings
 from tests.integration.sources import SourceKit, kit
 
 if TYPE_CHECKING:
-    from pipeline.services import Endpoints
+    from devtools.services import Endpoints
 
 
 @pytest.fixture

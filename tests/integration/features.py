@@ -13,11 +13,11 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import Runtime, open_runtime
+from dblog.app.config import load_config
+from dblog.app.runtime import Runtime, open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from dblog.tail.background import BackgroundTailer
 from tests.integration.checks import changelog_frame, normalize_rows, replay_changelog
 from tests.integration.sources import SourceKit
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.handoff import chunk_path
-from pipeline.sample import connect, q
-from pipeline.services import Endpoints
-from pipeline.sources.mysql import MySqlSettings
+from dblog.sources.mysql import MySqlSettings
+from dblog.state.handoff import chunk_path
+from devtools.sample import connect, q
+from devtools.services import Endpoints
 
 
 def make_settings(ep: Endpoints, **overrides: Any) -> MySqlSettings:
@@ -86,7 +86,7 @@ def wait_for_a_held_chunk(rt: Any, timeout: float = 120.0) -> None:
 def run_dblog(config: Path, *args: str, password: str, fault: str | None = None,
               env_extra: dict[str, str] | None = None) -> tuple[int, str]:
     """``dblog -c config args`` in a subprocess; (exit code, stdout). A crash point
-    (``fault``, see pipeline/faults.py) ends it with -9; any other failure fails the test.
+    (``fault``, see dblog/core/faults.py) ends it with -9; any other failure fails the test.
     ``env_extra``: more environment for the process (a time zone, say)."""
     # The password of whichever source the config names (its ``password_env``).
     env = {**os.environ, "DBLOG_MARIADB_PASSWORD": password, "DBLOG_PG_PASSWORD": password,
@@ -95,7 +95,7 @@ def run_dblog(config: Path, *args: str, password: str, fault: str | None = None,
     if fault:
         env["DBLOG_FAULT"] = fault
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "-c", str(config), *args],
+        [sys.executable, "-m", "dblog.app.cli", "-c", str(config), *args],
         env=env, capture_output=True, text=True, timeout=600,
     )
     if proc.returncode not in (0, -9):

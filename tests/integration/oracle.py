@@ -2,7 +2,7 @@
 
 The source is read with its own driver (PyMySQL, psycopg2) and the mirror as plain Delta
 files, both normalised here: never through the pipeline's chunk reader or ``dblog verify``
-(:func:`pipeline.verify.verify_table`), so a value-conversion bug of the pipeline cannot show
+(:func:`dblog.app.verify.verify_table`), so a value-conversion bug of the pipeline cannot show
 on both sides and cancel out. :func:`verify_table` takes ``verify_table``'s arguments, so a
 test's check reads the same either way; tests of ``dblog verify`` itself keep the real one.
 """
@@ -22,12 +22,12 @@ import psycopg2
 import pymysql
 from pyspark.sql import types as T
 
-from pipeline.events import TableId
-from pipeline.lake.sink import DeltaSink
-from pipeline.lake.types import META_COLUMNS
-from pipeline.sources.base import SourceDialect
-from pipeline.verify import VerifyReport
-from pipeline.verify import verify_table as pipeline_verify
+from dblog.app.verify import VerifyReport
+from dblog.app.verify import verify_table as pipeline_verify
+from dblog.core.events import TableId
+from dblog.lake.sink import DeltaSink
+from dblog.lake.types import META_COLUMNS
+from dblog.sources.base import SourceDialect
 
 Key = tuple[Any, ...]
 Rows = dict[Key, dict[str, Any]]

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig, parse_config
-from pipeline.sample_pg import PG_DATABASE, PgWorkload, pg_connect, pg_execute
-from pipeline.services import Endpoints
+from dblog.app.config import PipelineConfig, parse_config
+from devtools.sample_pg import PG_DATABASE, PgWorkload, pg_connect, pg_execute
+from devtools.services import Endpoints
 
 __all__ = ["PG_DATABASE", "PgWorkload", "drop_replication", "dropped_after", "pg_config",
            "pg_connect", "pg_execute", "pg_rows"]
@@ -44,7 +44,7 @@ def pg_config(ep: Endpoints, *, name: str, tables: list[str], lake: Path,
 
 def drop_replication(ep: Endpoints, name: str) -> None:
     """Drop the slot and publication a test's source created."""
-    from pipeline.sources.postgres.connection import default_slot
+    from dblog.sources.postgres.connection import default_slot
 
     slot = default_slot(name)
     conn = pg_connect(ep)

@@ -17,11 +17,11 @@ from typing import Any, Protocol
 import yaml
 
 from bench.common import drop_database
-from pipeline.sample import TABLES, Workload, config_dict, connect, create_schema, q
-from pipeline.sample_pg import create_pg_schema
-from pipeline.services import Endpoints
-from pipeline.sources.postgres.connection import default_slot
-from pipeline.sources.postgres.sqltext import quote_ident
+from dblog.sources.postgres.connection import default_slot
+from dblog.sources.postgres.sqltext import quote_ident
+from devtools.sample import TABLES, Workload, config_dict, connect, create_schema, q
+from devtools.sample_pg import create_pg_schema
+from devtools.services import Endpoints
 from tests.integration.checks import source_rows
 from tests.integration.pg import (
     PG_DATABASE,
@@ -98,7 +98,7 @@ class SourceKit(Protocol):
     def config_data(self, *, source: str, db: str, lake: Path,
                     tables: list[str] | None = None, **options: Any) -> dict[str, Any]:
         """A configuration (as parsed YAML) of the sample tables of ``db`` (or of
-        ``tables``); ``options`` as :func:`pipeline.sample.config_dict` takes them."""
+        ``tables``); ``options`` as :func:`devtools.sample.config_dict` takes them."""
         ...
 
     def config(self, path: Path, *, source: str, db: str, lake: Path,

@@ -13,7 +13,7 @@ from tests.integration.helpers import smoke_result
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.services import Endpoints
+    from devtools.services import Endpoints
 
 pytestmark = pytest.mark.integration
 

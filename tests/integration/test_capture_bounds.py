@@ -20,22 +20,22 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import (
+from dblog.app.config import parse_config
+from dblog.app.runtime import Runtime, open_runtime
+from dblog.capture import (
     CaptureRequest,
     RangeReport,
     bounds_path,
     read_summary,
     summary_frame,
 )
-from pipeline.config import parse_config
-from pipeline.events import TableId, key_from_json
-from pipeline.lake.chunks import PARTITION_SHIFT
-from pipeline.runtime import Runtime, open_runtime
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
-from pipeline.sources.base import Column, TableSchema
-from pipeline.tailer import chunk_path
+from dblog.core.events import TableId, key_from_json
+from dblog.lake.chunks import PARTITION_SHIFT
+from dblog.sources.base import Column, TableSchema
+from dblog.tail import chunk_path
+from dblog.tail.background import BackgroundTailer
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 from tests.integration.helpers import make_db, wait_for_a_held_chunk
 from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit, SourceKit

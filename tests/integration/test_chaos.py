@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.sample import TABLES
+from devtools.services import Endpoints
 from tests.integration.chaos import Chaos
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table

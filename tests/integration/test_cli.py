@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
+from dblog.app.cli import main
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.helpers import make_db
 from tests.integration.sources import SourceKit
@@ -88,8 +88,8 @@ def test_purged_position_says_to_run_a_capture(
     db = make_db(env, prefix="cli", ddl=["CREATE TABLE {db}.t (id INT PRIMARY KEY)"])
     cfg = write_cfg(tmp_path / "c.yaml", env, [f"{db}.t"])
     config = load_config(cfg)
-    from pipeline.events import Position
-    from pipeline.state import PositionState
+    from dblog.core.events import Position
+    from dblog.state import PositionState
 
     with open_runtime(config, validate=False) as rt:
         gone = {"file": "mysql-bin.000000", "pos": 4}
@@ -126,8 +126,8 @@ def _verify_status_pause_resume(source_kit: SourceKit, spark: Any, tmp_path: Pat
     table = TableId(db, "t")
     with open_runtime(config, spark=spark) as rt:
         rt.tailer().run(until_caught_up=True)
-        from pipeline.background import BackgroundTailer
-        from pipeline.capture import CaptureRequest
+        from dblog.capture import CaptureRequest
+        from dblog.tail.background import BackgroundTailer
 
         with BackgroundTailer(rt.tailer()) as bg:
             capturer = rt.capturer()

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.errors import DblogError
-from pipeline.events import TableId
-from pipeline.lake.current import current_state
-from pipeline.lake.current_arrow import read_current_state
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict
-from pipeline.services import Endpoints
-from pipeline.verify import verify_table
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.app.verify import verify_table
+from dblog.core.errors import DblogError
+from dblog.core.events import TableId
+from dblog.lake.current import current_state
+from dblog.lake.current_arrow import read_current_state
+from devtools.sample import config_dict
+from devtools.services import Endpoints
 from tests.integration.helpers import execute, make_db
 
 pytestmark = pytest.mark.integration

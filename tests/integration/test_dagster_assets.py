@@ -31,11 +31,11 @@ from pyspark.sql import functions as F
 
 from assets.definitions import build_definitions
 from assets.naming import TAILER_TAG, TableAssets, tailer_job_name
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.ranges import parse_range_name
-from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from dblog.core.ranges import parse_range_name
+from devtools.sample import TABLES
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit

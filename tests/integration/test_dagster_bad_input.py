@@ -14,13 +14,13 @@ from dagster import DagsterInstance, instance_for_test, materialize
 
 from assets.definitions import build_definitions
 from assets.naming import TableAssets, tailer_job_name
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.ranges import range_name
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, create_schema
-from pipeline.services import Endpoints
-from pipeline.state import RangeProgress
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from dblog.core.ranges import range_name
+from dblog.state import RangeProgress
+from devtools.sample import config_dict, create_schema
+from devtools.services import Endpoints
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +138,7 @@ def test_the_keep_alive_sensor_replaces_a_dead_tailer_run(
 
 def test_a_table_without_a_primary_key(setup: tuple[Path, str, dict[str, Any]],
                                        services: Endpoints) -> None:
-    from pipeline.sample import connect
+    from devtools.sample import connect
 
     path, db, data = setup
     conn = connect(services, db)

@@ -13,12 +13,12 @@ from dagster import AssetKey, DagsterInstance
 
 from assets.demo_state import record_demo
 from assets.naming import TableAssets
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.paths import PROJECT_ROOT
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, create_schema
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.paths import PROJECT_ROOT
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.sample import config_dict, create_schema
+from devtools.services import Endpoints
 
 pytestmark = pytest.mark.integration
 

@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 from assets.naming import TableAssets
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.paths import PROJECT_ROOT
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, create_schema
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.paths import PROJECT_ROOT
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.sample import config_dict, create_schema
+from devtools.services import Endpoints
 from tests.integration.oracle import verify_table
 
 pytestmark = pytest.mark.integration
@@ -104,7 +104,7 @@ def chromium(url: str, screenshot: Path, budget_ms: int = 20000, *,
              showing: Sequence[str] = (), loads: int = 3) -> str:
     """The page's DOM after its scripts ran, and a screenshot of it. A page that does not
     show every text of ``showing`` yet (on a busy machine the webserver can take longer than
-    the time budget to load the code location: "Loading pipeline.definitions...") is
+    the time budget to load the code location: "Loading assets.location...") is
     loaded again, as a person would, up to ``loads`` times; the last load is returned."""
     browser = shutil.which("chromium")
     assert browser, "chromium is not installed (make setup installs it)"
@@ -235,7 +235,7 @@ def test_backfill_from_the_ui_and_what_a_person_sees(
     for group in (accounts.group, orders.group):  # one group per table, with its health
         assert group in dom, group
     table_lineage = ARTIFACTS / "table-lineage.png"
-    dom = chromium(f"{server.url}/locations/pipeline.definitions/asset-groups/"
+    dom = chromium(f"{server.url}/locations/assets.location/asset-groups/"
                    f"{accounts.group}/lineage", table_lineage,
                    showing=("source", "full_state", "changelog", "mirror", "100% filled"))
     for name in ("source", "full_state", "changelog", "mirror"):

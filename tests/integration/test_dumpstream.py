@@ -1,5 +1,5 @@
 # ruff: noqa: S608 - test SQL is built from quote_table and constants
-"""The log reader's own reading of row transactions (``pipeline.sources.mysql.dumpstream``)
+"""The log reader's own reading of row transactions (``dblog.sources.mysql.dumpstream``)
 against mysql-replication parsing every event, on the same binlog range of the real server.
 
 The range mixes what the raw path reads (single- and multi-row writes, updates, key changes,
@@ -18,14 +18,14 @@ from typing import Any
 import pymysql
 import pytest
 
-from pipeline import services as local
-from pipeline.events import TableId
-from pipeline.services import Endpoints
-from pipeline.sources.base import Transaction
-from pipeline.sources.mysql import MySqlDialect
-from pipeline.sources.mysql.binlog import MySqlLogReader
-from pipeline.sources.mysql.dumpstream import DumpStream, RawRows
-from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from dblog.core.events import TableId
+from dblog.sources.base import Transaction
+from dblog.sources.mysql import MySqlDialect
+from dblog.sources.mysql.binlog import MySqlLogReader
+from dblog.sources.mysql.dumpstream import DumpStream, RawRows
+from dblog.sources.mysql.sqltext import quote_ident, quote_table
+from devtools import services as local
+from devtools.services import Endpoints
 from tests.integration.helpers import make_settings, run_statements
 
 pytestmark = pytest.mark.integration

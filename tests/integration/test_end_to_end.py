@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.config import parse_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import TABLES
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from dblog.tail.background import BackgroundTailer
+from devtools.sample import TABLES
 from tests.integration.checks import check_history, check_table, check_untouched_captured_once
 from tests.integration.oracle import verify_table
 from tests.integration.sources import KEYS, SourceKit
@@ -77,7 +77,7 @@ def test_concurrent_writes_capture_and_tail(
             # after them, while the closed one waits for them.
             data["tail"]["pin_ahead_s"] = 1.0 if variant == 2 else 0
         if variant == 2:
-            from pipeline.capture import writer as capture_module
+            from dblog.capture import writer as capture_module
 
             write_files = capture_module.write_chunk_files
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit
@@ -43,7 +43,7 @@ class Tail:
         self.log = log
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", "-c", str(config), "tail"],
+                [sys.executable, "-m", "dblog.app.cli", "-c", str(config), "tail"],
                 env={**os.environ, "DBLOG_MARIADB_PASSWORD": password},
                 stdout=out, stderr=subprocess.STDOUT, text=True)
         self.identifier = f"{socket.gethostname()}:{self.proc.pid}"  # runtime.identifier

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.capture import CaptureRequest
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.follow import FollowSummary, tail_following_config
-from pipeline.runtime import open_runtime
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from dblog.tail.follow import FollowSummary, tail_following_config
 from tests.integration.checks import check_table
 from tests.integration.helpers import wait_for
 from tests.integration.oracle import verify_table

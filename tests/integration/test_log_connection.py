@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.background import BackgroundTailer
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from dblog.tail.background import BackgroundTailer
 from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit
 

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import parse_config
-from pipeline.events import TableId
-from pipeline.lake.sink import DeltaSink
-from pipeline.lake.types import MIRROR_LSN
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict
-from pipeline.services import Endpoints
-from pipeline.status import collect_status
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.app.status import collect_status
+from dblog.core.events import TableId
+from dblog.lake.sink import DeltaSink
+from dblog.lake.types import MIRROR_LSN
+from devtools.sample import config_dict
+from devtools.services import Endpoints
 from tests.integration.helpers import execute, make_db
 from tests.integration.oracle import verify_table
 
@@ -97,7 +97,7 @@ def position_of(rt: Any) -> Any:
 
 def mirror_batch(rt: Any) -> int:
     """The batch the mirror was last merged through (the ``mirror`` document)."""
-    from pipeline.tailer import MIRROR_DOC
+    from dblog.tail import MIRROR_DOC
 
     doc = rt.state.get(MIRROR_DOC)
     assert doc is not None
@@ -119,8 +119,8 @@ def capture_period_config(services: Endpoints, tmp_path: Path,
 
 def register_window(rt: Any, table: TableId) -> Any:
     """A chunk window of a planned capture of ``table``, registered (no watermark yet)."""
-    from pipeline.capture import CaptureRequest
-    from pipeline.events import Window
+    from dblog.capture import CaptureRequest
+    from dblog.core.events import Window
 
     capture_id = rt.capturer().plan(CaptureRequest((table,)))
     range_id = next(iter(rt.state.list_ranges(capture_id)))
@@ -252,7 +252,7 @@ def test_a_window_registered_while_the_tailer_is_busy_defers_the_mirror(
     (between a chunk's emission and the next chunk's low watermark) must still count a
     window open in ZooKeeper as a capture running, rather than merge every
     ``mirror_every_s``."""
-    from pipeline.sample import connect, q
+    from devtools.sample import connect, q
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db, table, config = capture_period_config(services, tmp_path, 7912)

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline.errors import SourceError
-from pipeline.events import ChangeEvent, TableId
-from pipeline.sources.base import ChunkSpec, Column, TableSchema, Transaction
-from pipeline.sources.mysql import MySqlDialect
-from pipeline.sources.mysql.snapshot import spark_schema
-from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from dblog.core.errors import SourceError
+from dblog.core.events import ChangeEvent, TableId
+from dblog.sources.base import ChunkSpec, Column, TableSchema, Transaction
+from dblog.sources.mysql import MySqlDialect
+from dblog.sources.mysql.snapshot import spark_schema
+from dblog.sources.mysql.sqltext import quote_ident, quote_table
 from tests.integration.helpers import run_statements
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def test_table_schema_warns_of_a_temporal_key_that_can_hold_zero_dates(
     table = TableId(db, "by_day")
     run_statements(sql, f"CREATE TABLE {quote_table(table)} (id INT NOT NULL, d {key_type}"
                         " NOT NULL, PRIMARY KEY (id, d))")
-    with caplog.at_level("WARNING", logger="pipeline.sources.mysql.schema"):
+    with caplog.at_level("WARNING", logger="dblog.sources.mysql.schema"):
         assert dialect.table_schema(table).key == ("id", "d")  # capturable; warned once
         dialect.table_schema(table)
     messages = [r.getMessage() for r in caplog.records]

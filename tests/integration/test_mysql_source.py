@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline.errors import LogPurgedError, SourceError, SourceUnavailable
-from pipeline.events import ChangeEvent, Op, TableId, WatermarkEvent
-from pipeline.sources.base import ChunkSpec, SchemaChange, Transaction
-from pipeline.sources.mysql import MySqlDialect
-from pipeline.sources.mysql.binlog import MySqlLogReader
-from pipeline.sources.mysql.snapshot import read_chunk, spark_schema
-from pipeline.sources.mysql.sqltext import quote_ident, quote_table
+from dblog.core.errors import LogPurgedError, SourceError, SourceUnavailable
+from dblog.core.events import ChangeEvent, Op, TableId, WatermarkEvent
+from dblog.sources.base import ChunkSpec, SchemaChange, Transaction
+from dblog.sources.mysql import MySqlDialect
+from dblog.sources.mysql.binlog import MySqlLogReader
+from dblog.sources.mysql.snapshot import read_chunk, spark_schema
+from dblog.sources.mysql.sqltext import quote_ident, quote_table
 from tests.integration.helpers import make_settings, run_statements
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipeline.services import Endpoints
+    from devtools.services import Endpoints
 
 
 pytestmark = pytest.mark.integration

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.capture import CaptureRequest, RangeReport
-from pipeline.events import TableId
-from pipeline.sample import connect
-from pipeline.services import Endpoints
-from pipeline.state import RangeProgress
+from dblog.capture import CaptureRequest, RangeReport
+from dblog.core.events import TableId
+from dblog.state import RangeProgress
+from devtools.sample import connect
+from devtools.services import Endpoints
 from tests.integration.helpers import make_db, run_statements, wait_for
 from tests.integration.test_capture_bounds import (
     assert_captured_once,

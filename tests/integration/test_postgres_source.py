@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.errors import ConfigError, LogPurgedError, SourceError
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.services import Endpoints
-from pipeline.sources.base import ChunkSpec
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.errors import ConfigError, LogPurgedError, SourceError
+from dblog.core.events import TableId
+from dblog.sources.base import ChunkSpec
+from dblog.tail.background import BackgroundTailer
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 from tests.integration.pg import (
@@ -106,8 +106,8 @@ def test_types_hostile_names_and_toast_through_capture_and_tail(
             report = verify_table(rt.dialect, rt.sink, tid)
             assert report.ok, report.summary() + _lake_account(spark, rt, tid)
             # The database's checksums (a repair's comparison) agree on every type.
-            from pipeline.chunking import KeyRange
-            from pipeline.compare import compare_ranges
+            from dblog.app.compare import compare_ranges
+            from dblog.core.chunking import KeyRange
 
             compared = compare_ranges(rt, tid, {"low": KeyRange(None, (1,)),
                                                 "rest": KeyRange((1,), None)},
@@ -211,7 +211,7 @@ def test_bad_input_is_refused_clearly(pg_env: Endpoints, spark: Any, tmp_path: P
             with pytest.raises(LogPurgedError, match="older than replication slot"):
                 rt.dialect.open_log({"lsn": 16}, [TableId(schema, "good")])
         with pytest.raises(ConfigError, match="source.database"):
-            from pipeline.config import parse_config
+            from dblog.app.config import parse_config
 
             parse_config({"source": {"name": "x", "kind": "postgres", "host": "h", "port": 1,
                                      "user": "u", "password_env": "P"},
@@ -233,7 +233,7 @@ def test_an_idle_tailer_lets_the_slot_release_wal(pg_env: Endpoints, spark: Any,
                f'CREATE TABLE "{schema}".busy (id int PRIMARY KEY, v text)')
     name = f"pgidle-{uuid.uuid4().hex[:6]}"
     config = pg_config(pg_env, name=name, tables=[f"{schema}.quiet"], lake=tmp_path / "lake")
-    from pipeline.sources.postgres.connection import default_slot
+    from dblog.sources.postgres.connection import default_slot
 
     with dropped_after(pg_env, schema, name):
         with open_runtime(config, spark=spark) as rt:
@@ -286,8 +286,8 @@ def test_a_keepalive_inside_a_long_transaction_never_confirms_unwritten_changes(
     which a restart would then never read again."""
     import dataclasses
 
-    from pipeline.sources.postgres import PostgresDialect, PostgresSettings
-    from pipeline.sources.postgres.connection import default_slot
+    from dblog.sources.postgres import PostgresDialect, PostgresSettings
+    from dblog.sources.postgres.connection import default_slot
 
     @dataclasses.dataclass(frozen=True)
     class QuickKeepalives(PostgresSettings):
@@ -359,7 +359,7 @@ def test_a_transaction_in_the_wal_but_not_visible_yet_is_not_overwritten_by_a_ch
     server's default here is off): its watermark writes must not hang on the standby."""
     import threading
 
-    from pipeline.sources.postgres.connection import PostgresSettings
+    from dblog.sources.postgres.connection import PostgresSettings
     from tests.integration.helpers import wait_for
 
     with_sync_commit = PostgresSettings.options
@@ -440,7 +440,7 @@ def test_a_transaction_in_the_wal_but_not_visible_yet_is_not_overwritten_by_a_ch
         with dropped_after(pg_env, schema, name), open_runtime(config, spark=spark) as rt:
 
             def held_chunks() -> list[str]:
-                from pipeline.handoff import chunk_path
+                from dblog.state.handoff import chunk_path
 
                 return [w.value.window.window_id for w in rt.state.list_windows()
                         if rt.state.get(chunk_path(w.value.window.window_id)) is not None]
@@ -601,7 +601,7 @@ def test_the_head_includes_every_committed_transaction(pg_env: Endpoints) -> Non
     be written when the commit returns: the head must still lie past it, or a tailer would
     be called caught up before it read the transaction (this failed with the write
     position, ``pg_current_wal_lsn()``)."""
-    from pipeline.sources.postgres import PostgresDialect, PostgresSettings
+    from dblog.sources.postgres import PostgresDialect, PostgresSettings
 
     name = f"pghead-{uuid.uuid4().hex[:6]}"
     schema = f"head_pg_{uuid.uuid4().hex[:6]}"
@@ -762,7 +762,7 @@ def test_a_dropped_and_recreated_table_is_reset_and_flagged_for_a_capture(
     that is done."""
     from rich.console import Console
 
-    from pipeline.status import render_status
+    from dblog.app.status import render_status
 
     schema = f"drop_pg_{uuid.uuid4().hex[:6]}"
     qt = f'"{schema}".t'
@@ -836,8 +836,8 @@ def test_a_lost_wal_stream_that_cannot_reconnect_stops_with_a_clear_error(
     for ``RECONNECT_S``; a server that stays unreachable then ends it with a clear error."""
     import dataclasses
 
-    from pipeline.errors import SourceUnavailable
-    from pipeline.sources.postgres import wal
+    from dblog.core.errors import SourceUnavailable
+    from dblog.sources.postgres import wal
     from tests.integration.sources import PostgresKit
 
     pg = PostgresKit(pg_env)
@@ -874,9 +874,9 @@ def test_a_server_without_logical_wal_is_refused_with_the_settings_to_change(
     import subprocess
     import tempfile
 
-    from pipeline.config import parse_config
-    from pipeline.runtime import make_dialect
-    from pipeline.services import PG_BIN
+    from dblog.app.config import parse_config
+    from dblog.app.runtime import make_dialect
+    from devtools.services import PG_BIN
     from tests.integration.sources import PostgresKit
 
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

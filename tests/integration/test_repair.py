@@ -26,20 +26,20 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.cli import main
-from pipeline.compare import compare_ranges, row_text
-from pipeline.config import RepairConfig, load_config
-from pipeline.events import TableId
-from pipeline.ranges import key_ranges, plan_more
-from pipeline.repair import Repairer, repair_table, table_walk
-from pipeline.rolling import Place, place_path
-from pipeline.runtime import Runtime, open_runtime
-from pipeline.services import Endpoints
-from pipeline.sources.checksum import NAN_BITS
-from pipeline.sources.mysql import checksum as mysql_checksum
-from pipeline.sources.postgres import checksum as postgres_checksum
+from dblog.app.cli import main
+from dblog.app.compare import compare_ranges, row_text
+from dblog.app.config import RepairConfig, load_config
+from dblog.app.repair import Repairer, repair_table, table_walk
+from dblog.app.rolling import Place, place_path
+from dblog.app.runtime import Runtime, open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from dblog.core.ranges import key_ranges, plan_more
+from dblog.sources.checksum import NAN_BITS
+from dblog.sources.mysql import checksum as mysql_checksum
+from dblog.sources.postgres import checksum as postgres_checksum
+from dblog.tail.background import BackgroundTailer
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit, kit
@@ -464,7 +464,7 @@ def test_a_continuous_repair_finds_a_divergence_injected_while_it_runs_and_keeps
         assert cli(capsys, "-c", str(path), "capture")[0] == 0
         lines: queue.Queue[str] = queue.Queue()
         walk = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "-c", str(path), "repair", "--continuous"],
+            [sys.executable, "-m", "dblog.app.cli", "-c", str(path), "repair", "--continuous"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             cwd=Path(__file__).resolve().parents[2])
         assert walk.stdout is not None

@@ -1,5 +1,5 @@
 # ruff: noqa: S608 - test SQL is built from quote_table and constants
-"""The compiled row-image reader (``pipeline.sources.mysql.rowimage``) against
+"""The compiled row-image reader (``dblog.sources.mysql.rowimage``) against
 mysql-replication's own decoding, on the same binlog events of the real server: random rows
 of every type it compiles (extremes, NULLs, zero dates, several charsets and length sizes),
 updated and deleted, decode to equal values of equal types both ways."""
@@ -21,11 +21,11 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from pipeline.events import Op, TableId
-from pipeline.services import Endpoints
-from pipeline.sources.mysql import MySqlDialect
-from pipeline.sources.mysql.binlog import plan_from_table_map, row_images, update_images
-from pipeline.sources.mysql.sqltext import quote_table
+from dblog.core.events import Op, TableId
+from dblog.sources.mysql import MySqlDialect
+from dblog.sources.mysql.binlog import plan_from_table_map, row_images, update_images
+from dblog.sources.mysql.sqltext import quote_table
+from devtools.services import Endpoints
 from tests.integration.helpers import run_statements
 from tests.integration.test_mysql_source import changes, read_until
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.config import parse_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from dblog.tail.background import BackgroundTailer
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import load_config
-from pipeline.paths import dblog_home
-from pipeline.runtime import open_runtime
+from dblog.app.config import load_config
+from dblog.app.paths import dblog_home
+from dblog.app.runtime import open_runtime
 from tests.integration.sources import SourceKit
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_the_password_appears_in_no_output_process_list_history_or_state(
         watcher.start()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "pipeline.cli", "-c", str(cfg), "-v", "capture"],
+                [sys.executable, "-m", "dblog.app.cli", "-c", str(cfg), "-v", "capture"],
                 env={**os.environ, source_kit.password_env: password},
                 capture_output=True, text=True, timeout=600, check=False)
         finally:
@@ -90,7 +90,7 @@ def test_the_password_appears_in_no_output_process_list_history_or_state(
         for log in (dblog_home() / "logs").glob("*.log"):
             leaks[str(log)] = log.read_text(errors="replace")
         # What was searched holds what it should (the search is not looking at nothing).
-        assert "pipeline.cli" in leaks["process list"] and source in leaks["ZooKeeper"]
+        assert "dblog.app.cli" in leaks["process list"] and source in leaks["ZooKeeper"]
         assert any("dblog.batch" in text for where, text in leaks.items()
                    if where.startswith("Delta history"))
         found = [where for where, text in leaks.items() if password in text]

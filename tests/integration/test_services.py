@@ -17,8 +17,8 @@ from kazoo.client import KazooClient
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
-from pipeline import services as svc
-from pipeline.errors import ServiceError
+from dblog.core.errors import ServiceError
+from devtools import services as svc
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from devtools.sample import config_dict, connect
+from devtools.services import Endpoints
 from tests.integration.helpers import execute, make_db, run_dblog, wait_for_a_held_chunk
 from tests.integration.oracle import verify_table
 from tests.integration.sources import SourceKit
@@ -105,8 +105,8 @@ def test_a_capture_after_tail_from_head_deletes_keys_the_gap_took_that_the_mirro
     the changelog but not yet merged when the gap took it stayed in the lake for good. The
     new generation's first run merges the mirrors before it reads the log; here the
     ``--from-head`` run dies as it begins that merge, and the next run does it."""
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import CaptureRequest
+    from dblog.capture import CaptureRequest
+    from dblog.tail.background import BackgroundTailer
 
     db = source_kit.simple_table("loss", 0)
     table = TableId(db, "t")
@@ -166,7 +166,7 @@ def test_a_log_that_starts_again_behind_the_lake_is_refused_with_what_to_do(
     was lost, now refuse such a log and change nothing."""
     from pyspark.sql import functions as F
 
-    from pipeline.errors import DblogError
+    from dblog.core.errors import DblogError
 
     db = source_kit.simple_table("loss", 0)
     table = TableId(db, "t")
@@ -208,7 +208,7 @@ def config_for(tmp_path: Path, ep: Endpoints, db: str, server_id: int, **tail: A
                       lake=tmp_path / "lake", server_id=server_id, chunk_size=50,
                       batch_seconds=0.3, poll_seconds=0.2)
     raw["tail"].update(tail)
-    from pipeline.config import parse_config
+    from dblog.app.config import parse_config
 
     return parse_config(raw)
 
@@ -230,7 +230,7 @@ def test_a_tailer_whose_session_is_lost_stops_writing(
 
     from kazoo.client import KazooClient
 
-    from pipeline.errors import LeadershipLost
+    from dblog.core.errors import LeadershipLost
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = sample_table(services)
@@ -274,9 +274,9 @@ def test_a_tailer_whose_session_is_lost_stops_writing(
 
 
 def test_the_batch_intent_is_compare_and_set(services: Endpoints, tmp_path: Path) -> None:
-    from pipeline.errors import StateConflict
-    from pipeline.events import Position
-    from pipeline.state import BatchIntent, PositionState, StateStore
+    from dblog.core.errors import StateConflict
+    from dblog.core.events import Position
+    from dblog.state import BatchIntent, PositionState, StateStore
 
     with StateStore.connect(services.zk_hosts, f"intent-{uuid.uuid4().hex[:8]}",
                             chroot="dblog-test") as store:
@@ -301,8 +301,8 @@ def test_a_window_update_for_a_forgotten_window_does_not_fail_the_commit(
 ) -> None:
     """A capture's recovery deleted a window document the tailer was settling: the tailer
     crashed after its Delta write, on every restart."""
-    from pipeline.events import Position, Window
-    from pipeline.state import PositionState, StateStore, WindowUpdate
+    from dblog.core.events import Position, Window
+    from dblog.state import PositionState, StateStore, WindowUpdate
 
     with StateStore.connect(services.zk_hosts, f"gone-{uuid.uuid4().hex[:8]}",
                             chroot="dblog-test") as store:
@@ -320,7 +320,7 @@ def test_a_window_update_for_a_forgotten_window_does_not_fail_the_commit(
 
 
 def register_stale_window(rt: Any, table: TableId, capture_id: str) -> str:
-    from pipeline.events import Window
+    from dblog.core.events import Window
 
     wid = uuid.uuid4().hex
     window = Window(wid, table, low=str(uuid.uuid4()), high=str(uuid.uuid4()))
@@ -334,8 +334,8 @@ def test_stale_windows_are_aborted_by_cancel_from_head_and_expiry(
     services: Endpoints, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pipeline.capture import CaptureRequest
-    from pipeline.cli import main
+    from dblog.app.cli import main
+    from dblog.capture import CaptureRequest
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = sample_table(services, rows=20)
@@ -378,7 +378,7 @@ def test_a_capture_without_ranges_is_never_done(
 ) -> None:
     """Creating a capture was not atomic: a crash after the capture document and before its
     ranges left a capture that `resume` marked done without capturing anything."""
-    from pipeline.errors import DblogError
+    from dblog.core.errors import DblogError
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = sample_table(services, rows=5)
@@ -454,9 +454,9 @@ def test_a_capture_removes_mirror_rows_gone_from_the_source(
     did not return (and the window did not see change) are emitted as deletes."""
     from pyspark.sql import functions as F
 
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import CaptureRequest
-    from pipeline.events import Position
+    from dblog.capture import CaptureRequest
+    from dblog.core.events import Position
+    from dblog.tail.background import BackgroundTailer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = sample_table(services, rows=120)
@@ -546,9 +546,9 @@ def test_vacuum_keeps_the_chunk_files_a_pending_batch_commits(
     than the retention: it took the files the replay of that batch commits."""
     import threading
 
-    from pipeline.background import BackgroundTailer
-    from pipeline.capture import CaptureRequest
-    from pipeline.lake.sink import DeltaSink
+    from dblog.capture import CaptureRequest
+    from dblog.lake.sink import DeltaSink
+    from dblog.tail.background import BackgroundTailer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = sample_table(services, rows=30)
@@ -593,8 +593,8 @@ def test_zookeeper_failing_after_a_session_interruption_is_leadership_lost(
     """Whichever ZooKeeper call of the tailer first meets an interrupted session (here the
     window listing of an idle poll), the tailer stops with LeadershipLost, so an in-process
     tailer stands by again; before, a ZooKeeper error ended it, and the capture with it."""
-    from pipeline.errors import LeadershipLost
-    from pipeline.state import StateUnavailable
+    from dblog.core.errors import LeadershipLost
+    from dblog.state import StateUnavailable
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     config = config_for(tmp_path, services, sample_table(services), 7910)

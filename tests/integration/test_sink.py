@@ -15,15 +15,15 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from pipeline.errors import DblogError, LeadershipLost
-from pipeline.events import ChangeEvent, Op, Position, TableId
-from pipeline.handoff import ChunkFiles, ChunkPin
-from pipeline.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
-from pipeline.lake.layout import LakeLayout
-from pipeline.lake.sink import DeltaSink, TableBatch, WriteAttempt
-from pipeline.lake.types import ATTEMPT_COLUMN, MIRROR_LSN, frame_of_columns, quote_ident
-from pipeline.sources.base import Column, TableSchema
-from pipeline.window import ChunkEmission
+from dblog.core.errors import DblogError, LeadershipLost
+from dblog.core.events import ChangeEvent, Op, Position, TableId
+from dblog.core.window import ChunkEmission
+from dblog.lake.chunks import PARTITION_SHIFT, read_order_offsets, write_chunk_files
+from dblog.lake.layout import LakeLayout
+from dblog.lake.sink import DeltaSink, TableBatch, WriteAttempt
+from dblog.lake.types import ATTEMPT_COLUMN, MIRROR_LSN, frame_of_columns, quote_ident
+from dblog.sources.base import Column, TableSchema
+from dblog.state.handoff import ChunkFiles, ChunkPin
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ def history(spark: Any, path: str) -> list[Any]:
 
 
 def _emission(table: TableId, wid: str, lsn: int, dropped: set[Any]) -> ChunkEmission:
-    from pipeline.events import Window
+    from dblog.core.events import Window
 
     window = Window(wid, table, low=f"{wid}-lw", high=f"{wid}-hw")
     return ChunkEmission(window, Position(lsn, 0), frozenset(dropped), None)
@@ -151,7 +151,7 @@ def test_a_chunk_and_its_batch_are_written_without_python_worker_processes(
     that ``python3`` was another version, every chunk's write failed (the pin's values and
     the dropped keys were such frames). Here no worker can start, and a chunk with a dropped
     key, the batch that commits it with a coverage delete, and the merge all go through."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -394,7 +394,7 @@ def test_a_creation_killed_before_its_first_commit_does_not_block_the_next_one(
     which Delta refuses to create the table (DELTA_TABLE_NOT_FOUND): every later capture
     and tailer failed there. The next creation removes that log, which holds nothing, and
     creates the table."""
-    from pipeline.lake.sink import changelog_schema, table_properties
+    from dblog.lake.sink import changelog_schema, table_properties
 
     layout = LakeLayout(tmp_path / "lake", "src")
     sink = DeltaSink(spark, layout)
@@ -427,7 +427,7 @@ def test_a_tailer_that_meets_a_captures_half_created_tables_adds_its_columns_to_
     changelog and creates the mirror from its wider schema. The changelog gets the
     tailer's column too (it once read back as complete from the mirror, and the log's
     values of that column had no place in the changelog)."""
-    from pipeline.lake.sink import changelog_schema, table_properties
+    from dblog.lake.sink import changelog_schema, table_properties
 
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("extra", "STRING")), ("id",))
     layout = LakeLayout(tmp_path / "lake", "src")
@@ -454,7 +454,7 @@ def test_a_tailer_restarted_after_creating_the_mirror_beside_a_narrower_changelo
     column back from the mirror, yet adds the missing one to the changelog before it
     writes (it once stopped at every write there: the rows did not have the changelog's
     schema), and widens the changelog's narrower column too."""
-    from pipeline.lake.sink import changelog_schema, mirror_schema, table_properties
+    from dblog.lake.sink import changelog_schema, mirror_schema, table_properties
 
     narrow = TableSchema(TABLE, (*SCHEMA.columns, Column("amount", "INT")), ("id",))
     wider = TableSchema(TABLE, (*SCHEMA.columns, Column("amount", "BIGINT"),
@@ -526,7 +526,7 @@ def test_a_tables_file_count_comes_from_its_checksum_without_a_spark_job(
 ) -> None:
     from delta.tables import DeltaTable
 
-    from pipeline.lake.deltalog import DeltaTxn
+    from dblog.lake.deltalog import DeltaTxn
 
     path = str(tmp_path / "t")
     for n in range(3):  # a file per append
@@ -553,7 +553,7 @@ def test_an_empty_tables_span_check_plans_nothing_and_any_new_file_conflicts_wit
     added rows meanwhile (anywhere: the whole empty table counts as read)."""
     from delta.tables import DeltaTable
 
-    from pipeline.lake.deltalog import DeltaTxn
+    from dblog.lake.deltalog import DeltaTxn
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -710,7 +710,7 @@ def test_emission_counts_come_from_the_files_statistics_not_the_changelog(
 ) -> None:
     """An emission's ``r`` rows are counted by its files' statistics and its ``d`` rows by
     the deletes' files: nothing is read back, whatever the batch holds beside it."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -732,7 +732,7 @@ def test_emission_counts_come_from_the_files_statistics_not_the_changelog(
 def test_the_mirror_holds_rows_in_a_coverage_or_not(spark: Any, tmp_path: Path) -> None:
     """Where the mirror holds no row in a chunk's coverage (a capture into new keys) the
     chunk can delete none: the tailer then gives it no coverage."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     assert not sink.mirror_holds(TABLE, KeyRange(None, None))  # no lake table yet
@@ -756,7 +756,7 @@ def test_the_mirror_check_answers_as_well_whenever_it_runs_before_the_write(
     lost without a log change saying so (4), and nothing the log deleted or added: here a
     merge turns the answer for one chunk from yes to no (1-3 deleted by the log) and for
     another from no to yes (12 inserted by the log)."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -792,7 +792,7 @@ def test_the_mirror_check_answers_as_well_whenever_it_runs_before_the_write(
 def test_a_covered_chunk_deletes_the_mirror_keys_it_did_not_read(
     spark: Any, tmp_path: Path
 ) -> None:
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -821,7 +821,7 @@ def test_an_emission_replayed_after_its_changelog_commit_merges_what_the_changel
     """A crash between the changelog commit and the MERGE: the replay writes nothing, and
     the mirror and the counts come from the commit written before, found in the history
     behind a later commit (a column added in between)."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -870,7 +870,7 @@ COMPOSITE_SCHEMA = TableSchema(
 
 
 def test_composite_key_coverage_is_lexicographic(spark: Any, tmp_path: Path) -> None:
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(COMPOSITE_SCHEMA)
@@ -929,7 +929,7 @@ def test_a_batch_of_only_a_truncate(spark: Any, tmp_path: Path) -> None:
 def test_keys_the_batch_changed_before_the_high_watermark_are_not_deleted_again(
     spark: Any, tmp_path: Path
 ) -> None:
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1107,7 +1107,7 @@ def test_a_checkpoint_every_hundred_commits(spark: Any, tmp_path: Path) -> None:
     (10) that was a third of a small append's time. Both tables carry the interval; the
     changelog shows Delta keeps to it (the mirror's commits are MERGEs of ~4 s each, and
     twelve of them made this the suite's longest sink test)."""
-    from pipeline.lake.deltalog import DeltaTxn
+    from dblog.lake.deltalog import DeltaTxn
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1157,7 +1157,7 @@ def test_a_capture_delete_skips_keys_the_unmerged_changelog_already_deleted(
 ) -> None:
     """The mirror still holds key 2, but a batch it has not merged yet deleted it: the
     chunk's complete read must not delete it a second time."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1176,7 +1176,7 @@ def test_a_capture_after_an_unmerged_truncate_deletes_nothing(
 ) -> None:
     """Rows the mirror still holds from before a truncate it has not merged yet are gone
     already: a complete chunk read writes no delete for them."""
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1290,7 +1290,7 @@ def test_a_chunk_read_by_several_selects_is_numbered_in_key_order(
     number unused), and the capture's deletes come after every selected row."""
     import random
 
-    from pipeline.chunking import KeyRange
+    from dblog.core.chunking import KeyRange
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1369,8 +1369,8 @@ def test_a_merges_changes_are_surveyed_whole_and_per_chunk(
     """The figures a merge plans with: every change counted and bounded (a delete by its
     ``before`` key), the last TRUNCATE's position, and each chunk's rows apart; no spans
     without chunk rows, nothing for no changes."""
-    from pipeline.lake.sink import _Survey, _survey
-    from pipeline.lake.types import WINDOW_COLUMN
+    from dblog.lake.sink import _Survey, _survey
+    from dblog.lake.types import WINDOW_COLUMN
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1406,7 +1406,7 @@ def _comparable(survey: Any) -> tuple[Any, ...]:
 def test_a_survey_by_chunk_bounds_float_keys_as_spark_does(spark: Any) -> None:
     """The one-pass survey folds its groups' bounds in Python: a NaN key (PostgreSQL allows
     one) is above every number there as in Spark, whichever group holds it."""
-    from pipeline.lake.sink import _survey
+    from dblog.lake.sink import _survey
 
     after = "STRUCT<k: DOUBLE, v: STRING>"
     frame = spark.createDataFrame(
@@ -1483,7 +1483,7 @@ def _late_writer_before_the_append(monkeypatch: pytest.MonkeyPatch, spark: Any, 
     ``monkeypatch.undo()``)."""
     from delta.tables import DeltaTable
 
-    from pipeline.lake import sink as sink_module
+    from dblog.lake import sink as sink_module
 
     write_files = sink_module.DeltaTxn.write_files
 
@@ -1524,7 +1524,7 @@ def test_a_fenced_tailers_late_append_cannot_bring_back_keys_the_new_leader_dele
     span holds nothing); the tailer that took over merges the same chunk and the later
     deletes of all its keys (nothing to append, a MERGE that changes no file). Then the
     late append commits: without a fence it brought the deleted keys back for good."""
-    from pipeline.lake import deltalog
+    from dblog.lake import deltalog
 
     app = "dblog:src:gen"
     old, new = make_sink(spark, tmp_path), make_sink(spark, tmp_path)
@@ -1599,7 +1599,7 @@ def test_the_mirror_is_read_for_a_span_by_its_files_statistics(
 ) -> None:
     """A span outside every mirror file's key statistics reads no file (Delta's data
     skipping needs the span's bounds folded to plain literals)."""
-    from pipeline.lake.deltalog import DeltaTxn
+    from dblog.lake.deltalog import DeltaTxn
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)
@@ -1619,7 +1619,7 @@ def test_rows_are_looked_for_only_in_the_files_the_statistics_admit(
     """``rows_exist_where`` (the tailer's check whether the mirror holds a row in a chunk's
     coverage) reads the transaction's snapshot: a file whose key statistics admit a span
     may still hold no row in it, and a commit after the transaction began is not seen."""
-    from pipeline.lake.deltalog import DeltaTxn
+    from dblog.lake.deltalog import DeltaTxn
 
     sink = make_sink(spark, tmp_path)
     sink.ensure_schema(SCHEMA)

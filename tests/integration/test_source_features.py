@@ -15,10 +15,10 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from pipeline.errors import SourceError
-from pipeline.events import TableId
-from pipeline.lake.sink import SchemaEvolutionError
-from pipeline.services import Endpoints
+from dblog.core.errors import SourceError
+from dblog.core.events import TableId
+from dblog.lake.sink import SchemaEvolutionError
+from devtools.services import Endpoints
 from tests.integration.features import (
     capture,
     feature_pipeline,
@@ -84,8 +84,8 @@ def assert_refused_at_start(k: SourceKit, tmp_path: Path, db: str,
                             refusals: dict[str, str]) -> None:
     """A config naming each of ``refusals`` (a name in ``db``) stops at start with its
     text; ``db`` is dropped after."""
-    from pipeline.config import load_config
-    from pipeline.runtime import open_runtime
+    from dblog.app.config import load_config
+    from dblog.app.runtime import open_runtime
 
     try:
         for name, says in refusals.items():
@@ -153,7 +153,7 @@ def test_mariadb_foreign_keys_added_or_dropped_are_followed(
     reads the keys again after a DDL and reopens its stream with the new parent); a key
     dropped after a cascade the tailer had not read yet heals the child when the tailer
     reads the DROP (it read the cascade with the keys as they are now, without it)."""
-    from pipeline.background import BackgroundTailer
+    from dblog.tail.background import BackgroundTailer
     from tests.integration.helpers import wait_for
 
     db = new_schema(maria, "CREATE TABLE {db}.p (id INT PRIMARY KEY)",
@@ -210,7 +210,7 @@ def test_with_heal_notify_a_rewriting_ddl_is_only_noted_until_a_capture(
 ) -> None:
     """``tail.heal: notify``: the tailer captures nothing itself; `dblog status` names the
     table and the statement until a capture of the table is done."""
-    from pipeline.status import collect_status
+    from dblog.app.status import collect_status
 
     db = new_schema(maria, "CREATE TABLE {db}.a (id INT PRIMARY KEY, v INT)",
                     "INSERT INTO {db}.a VALUES (1, 1), (2, 2)")
@@ -373,8 +373,8 @@ def follow_the_way_on(k: SourceKit, spark: SparkSession, tmp_path: Path, db: str
     tables aside, put it back and capture it."""
     import shutil
 
-    from pipeline.config import load_config
-    from pipeline.runtime import open_runtime
+    from dblog.app.config import load_config
+    from dblog.app.runtime import open_runtime
 
     data = yaml.safe_load((tmp_path / "dblog.yaml").read_text())
     data["tables"] = [t for t in data["tables"] if t != str(table)]

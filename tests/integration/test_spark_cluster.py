@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import services as local
-from pipeline.services import Endpoints
+from devtools import services as local
+from devtools.services import Endpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

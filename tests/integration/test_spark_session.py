@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.spark import C2_THRESHOLDS
+from dblog.app.spark import C2_THRESHOLDS
 
 pytestmark = pytest.mark.integration
 

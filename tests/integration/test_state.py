@@ -1,4 +1,4 @@
-"""StateStore against the real local ZooKeeper (``dblog services up``)."""
+"""StateStore against the real local ZooKeeper (``python -m devtools.services up``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from pipeline.errors import DblogError, LockHeld, StateConflict
-from pipeline.events import Position, TableId, Window
-from pipeline.state import (
+from dblog.core.errors import DblogError, LockHeld, StateConflict
+from dblog.core.events import Position, TableId, Window
+from dblog.state import (
     ABSENT,
     ChangeSignal,
     Lookout,
@@ -495,8 +495,8 @@ def test_a_batch_attempt_or_intent_is_recorded_only_while_the_lock_is_held(
     session was interrupted (another may hold the lock now) must not add its attempt, and a
     lock node gone with an expired session makes the record fail even on the new session
     the client reconnected with."""
-    from pipeline.errors import LeadershipLost
-    from pipeline.state import BatchIntent
+    from dblog.core.errors import LeadershipLost
+    from dblog.state import BatchIntent
 
     chroot, source = names
     with StateStore.connect(ZK_HOSTS, source, chroot=chroot, timeout=5) as store:

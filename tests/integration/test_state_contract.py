@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from pipeline.state import StateStore
+from dblog.state import StateStore
 from tests.state_contract import *  # noqa: F403 - the contract's cases, once per backend
 from tests.state_contract import Cluster, MemoryCluster
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.config import parse_config
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
-from pipeline.sources.mysql.binlog import binlog_lag_bytes
-from pipeline.state import ABSENT, PositionState
-from pipeline.status import collect_status, lag_seconds, render_status
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.app.status import collect_status, lag_seconds, render_status
+from dblog.sources.mysql.binlog import binlog_lag_bytes
+from dblog.state import ABSENT, PositionState
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 
 LOGS = [("mysql-bin.000007", 1000), ("mysql-bin.000008", 5000), ("mysql-bin.000009", 700),
         ("mysql-bin.000010", 300)]

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.capture import CaptureRequest
-from pipeline.config import parse_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.sample import config_dict, connect, q
-from pipeline.services import Endpoints
+from dblog.app.config import parse_config
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import TableId
+from devtools.sample import config_dict, connect, q
+from devtools.services import Endpoints
 from tests.integration.checks import changelog_frame
 from tests.integration.helpers import wait_for
 
@@ -103,8 +103,8 @@ def test_a_replay_after_the_capture_settled_the_windows_the_batch_aborted_writes
     it aborts the window and forgets it, so the replay never sees the window. The replay
     is still the recorded batch (an aborted window adds nothing) and is written, instead
     of stopping with a start-over error."""
-    from pipeline.events import Window
-    from pipeline.tail.commit import Committer
+    from dblog.core.events import Window
+    from dblog.tail.commit import Committer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"settled_{uuid.uuid4().hex[:8]}"
@@ -211,7 +211,7 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
     that waited for each chunk's files before reading on would time out on the first."""
     from dataclasses import replace
 
-    from pipeline import handoff
+    from dblog.state import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _two_chunks(services, spark, tmp_path, "pins", 7503) as (
@@ -251,8 +251,8 @@ def test_the_tailer_pins_the_next_chunk_before_the_chunk_before_it_is_written(
 
 def zookeeper_requests(services: Endpoints) -> int:
     """The requests the local ZooKeeper received so far."""
-    from pipeline.paths import dblog_home
-    from pipeline.services import ZooKeeper
+    from dblog.app.paths import dblog_home
+    from devtools.services import ZooKeeper
 
     received = ZooKeeper(dblog_home(), services).requests_received()
     assert received is not None, "ZooKeeper did not answer srvr"
@@ -266,8 +266,8 @@ def test_a_batch_waiting_for_chunk_files_reads_zookeeper_when_they_are_published
     ZooKeeper (it polled three znodes every 20 ms: ~450 requests in these 3 s); their
     publication wakes it through its watches, and the batch is written at once, although
     its fallback look is a minute away here."""
-    from pipeline import handoff
-    from pipeline.tail import emissions
+    from dblog.state import handoff
+    from dblog.tail import emissions
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     monkeypatch.setattr(emissions, "FILES_LOOK_S", 60.0)
@@ -346,7 +346,7 @@ def test_the_mirror_check_of_a_pinned_chunk_runs_while_the_log_is_read_on(
     of seconds on a busy lake) runs beside the log's reading: here the first chunk's check
     answers only once the second chunk is pinned, which a tailer that asked on its reading
     thread would never do. Both chunks are emitted, each row once."""
-    from pipeline import handoff
+    from dblog.state import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _two_chunks(services, spark, tmp_path, "check", 7506) as (
@@ -406,7 +406,7 @@ def test_a_pinned_chunk_whose_files_never_come_aborts_the_next_chunks_of_its_ran
     before writing it. The second, although written, is aborted too (a range's chunks are
     emitted in key order), and the running tailer forgets the progress it had counted on:
     the resumed capture selects both again and the tailer emits them, each row once."""
-    from pipeline import handoff
+    from dblog.state import handoff
     from tests.integration.oracle import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
@@ -499,7 +499,7 @@ def _next_chunk_pinned_behind_a_closed_batch(
     batch after it, neither chunk's files written. The tailer's errors are collected."""
     from dataclasses import replace
 
-    from pipeline import handoff
+    from dblog.state import handoff
 
     db = f"{prefix}_{uuid.uuid4().hex[:8]}"
     conn = make_table(services, db, 40)
@@ -562,7 +562,7 @@ def test_a_closed_batch_waits_for_its_chunk_while_the_next_batch_pins_the_chunk_
     crash there must not leave the second chunk counted as emitted while its rows are in
     no commit. A log change after the second high watermark reaches the changelog in the
     second chunk's commit or after it, never before."""
-    from pipeline import handoff
+    from dblog.state import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "ahead",
@@ -623,7 +623,7 @@ def test_a_batch_pins_two_chunks_and_emits_them_before_the_third_chunks_files(
     until the capture stopped selecting at its ``max_in_flight`` limit, so the capture
     paused, and one core idled, every ``max_in_flight`` chunks (a 5M-row capture: 2.7-4.6 s
     per pause)."""
-    from pipeline import handoff
+    from dblog.state import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     db = f"twopins_{uuid.uuid4().hex[:8]}"
@@ -724,7 +724,7 @@ def test_a_chunk_whose_files_never_come_aborts_its_range_in_the_batch_built_afte
     batch and written by its capture, is aborted too (a range's chunks are emitted in key
     order); the range's place goes back to before the first. The resumed capture selects
     both again and every row is read into the changelog once."""
-    from pipeline import handoff
+    from dblog.state import handoff
     from tests.integration.oracle import verify_table
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
@@ -761,7 +761,7 @@ def test_a_lost_chunk_pinned_behind_a_written_batch_sends_its_range_back_to_that
     resumed capture selects the second chunk again and the tailer commits it (a tailer
     that restored the progress it saw at the pin would commit a stale range version and
     fail, or lose the first chunk's counts)."""
-    from pipeline import handoff
+    from dblog.state import handoff
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     with _next_chunk_pinned_behind_a_closed_batch(services, spark, tmp_path, "backq",
@@ -791,8 +791,8 @@ def test_a_tailer_killed_right_after_a_closed_batch_commits_loses_no_chunk_pinne
     row is read into the changelog once and both log changes are in it once. A tailer that
     committed its look-ahead with the closed batch would leave the second chunk counted as
     emitted with its rows in no commit: the resumed capture would end without them."""
-    from pipeline import handoff
-    from pipeline.tail.commit import Committer
+    from dblog.state import handoff
+    from dblog.tail.commit import Committer
 
     monkeypatch.setenv("DBLOG_MARIADB_PASSWORD", services.mariadb_password)
     dies_after: set[str] = set()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pipeline.sources.mysql.temporal_numbers import chunk_select_sql, field_sql, value_sql
+from dblog.sources.mysql.temporal_numbers import chunk_select_sql, field_sql, value_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

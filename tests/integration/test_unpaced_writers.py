@@ -19,12 +19,12 @@ import pytest
 
 from bench.common import TABLE, create_database, drop_database, fill, pipeline_config
 from bench.workload import Commits, commit_writers
-from pipeline.background import BackgroundTailer
-from pipeline.capture import CaptureRequest
-from pipeline.events import Position, TableId
-from pipeline.runtime import open_runtime
-from pipeline.services import Endpoints
-from pipeline.tailer import BatchReport
+from dblog.app.runtime import open_runtime
+from dblog.capture import CaptureRequest
+from dblog.core.events import Position, TableId
+from dblog.tail import BatchReport
+from dblog.tail.background import BackgroundTailer
+from devtools.services import Endpoints
 from tests.integration.oracle import verify_table
 
 pytestmark = [

@@ -13,10 +13,10 @@ import yaml
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from pipeline.config import load_config
-from pipeline.errors import ConfigError
-from pipeline.runtime import open_runtime
-from pipeline.services import Endpoints
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.errors import ConfigError
+from devtools.services import Endpoints
 from tests.integration.sources import MariaDbKit
 from tests.integration.test_security import zookeeper_dump
 

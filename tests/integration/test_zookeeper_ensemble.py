@@ -1,5 +1,5 @@
-"""A 3-node ZooKeeper ensemble on loopback (``dblog services up --zk-nodes 3``): the node a
-running ``dblog tail`` is connected to is killed while writers run; the tailer goes on
+"""A 3-node ZooKeeper ensemble on loopback (``python -m devtools.services up --zk-nodes 3``):
+the node a running ``dblog tail`` is connected to is killed while writers run; the tailer goes on
 through the other two (the same session, so the same lock), and the mirror and an
 independent replay equal the source."""
 
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline import services as local
-from pipeline.config import load_config
-from pipeline.events import TableId
-from pipeline.runtime import open_runtime
-from pipeline.services import Endpoints
-from pipeline.state import TAILER_LOCK, StateUnavailable
+from dblog.app.config import load_config
+from dblog.app.runtime import open_runtime
+from dblog.core.events import TableId
+from dblog.state import TAILER_LOCK, StateUnavailable
+from devtools import services as local
+from devtools.services import Endpoints
 from tests.integration.checks import check_table
 from tests.integration.oracle import verify_table
 from tests.integration.sources import MariaDbKit

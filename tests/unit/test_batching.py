@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.batching import BatchCutter, Cut, Due, ReplayMismatch
-from pipeline.events import Position
+from dblog.core.batching import BatchCutter, Cut, Due, ReplayMismatch
+from dblog.core.events import Position
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Unit tests for the pure chunk-outcome rule (pipeline.chunking.chunk_outcome): when a chunk
+"""Unit tests for the pure chunk-outcome rule (dblog.core.chunking.chunk_outcome): when a chunk
 ends its range, and which key range its select read completely (the tailer's delete range)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.capture import key_from_values
-from pipeline.chunking import ChunkOutcome, chunk_outcome
-from pipeline.events import Key, TableId
-from pipeline.sources.base import ChunkSpec, Column, TableSchema
-from pipeline.sources.mysql.snapshot import build_chunk_sql, max_key_sql
+from dblog.capture import key_from_values
+from dblog.core.chunking import ChunkOutcome, chunk_outcome
+from dblog.core.events import Key, TableId
+from dblog.sources.base import ChunkSpec, Column, TableSchema
+from dblog.sources.mysql.snapshot import build_chunk_sql, max_key_sql
 
 
 def test_a_full_chunk_covers_up_to_its_last_key_and_is_not_final() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.events import TableId
-from pipeline.sources.mysql.cascades import CascadeGraph, ForeignKey
+from dblog.core.events import TableId
+from dblog.sources.mysql.cascades import CascadeGraph, ForeignKey
 
 P, C, MID, G, E, OTHER = (TableId("d", n) for n in ("p", "c", "mid", "g", "e", "o"))
 

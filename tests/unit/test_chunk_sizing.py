@@ -1,11 +1,11 @@
-"""Chunk sizing by rows and time (pipeline.chunking.next_chunk_rows)."""
+"""Chunk sizing by rows and time (dblog.core.chunking.next_chunk_rows)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chunking import MOST_GROWTH, next_chunk_rows
+from dblog.core.chunking import MOST_GROWTH, next_chunk_rows
 
 
 def size(asked: int, read: int, seconds: float) -> int:

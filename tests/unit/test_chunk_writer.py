@@ -1,4 +1,4 @@
-"""Unit tests for the capture's chunk writer (pipeline.capture.ChunkWriter): chunks' files
+"""Unit tests for the capture's chunk writer (dblog.capture.ChunkWriter): chunks' files
 are written at once, a ``run`` task runs alone, failures surface in order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.capture import ChunkWriter
+from dblog.capture import ChunkWriter
 
 
 def _chunk(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Unit tests for key-range planning and chunk predicates (pipeline.chunking)."""
+"""Unit tests for key-range planning and chunk predicates (dblog.core.chunking)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.chunking import (
+from dblog.core.chunking import (
     KeyRange,
     contains,
     key_order,
@@ -21,7 +21,7 @@ from pipeline.chunking import (
     planned_outcome,
     split_sizes,
 )
-from pipeline.events import Key
+from dblog.core.events import Key
 
 
 def dq(name: str) -> str:

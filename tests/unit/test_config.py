@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import load_config, parse_config
-from pipeline.errors import ConfigError
-from pipeline.events import TableId
+from dblog.app.config import load_config, parse_config
+from dblog.core.errors import ConfigError
+from dblog.core.events import TableId
 
 GOOD: dict[str, Any] = {
     "source": {"name": "main", "kind": "mariadb", "host": "127.0.0.1", "port": 13306,
@@ -180,7 +180,7 @@ def test_zookeeper_credentials_come_from_the_environment(
 
 
 def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
-    from pipeline.spark import spark_conf
+    from dblog.app.spark import spark_conf
 
     with pytest.raises(ConfigError, match="no such jar file: .*hadoop-aws.jar"):
         spark_conf(jars=[str(tmp_path / "hadoop-aws.jar")])
@@ -189,10 +189,10 @@ def test_a_missing_extra_jar_is_named(tmp_path: Path) -> None:
 def test_every_tail_setting_reaches_the_tailer() -> None:
     from dataclasses import fields
 
-    from pipeline.capture import CaptureOptions
-    from pipeline.config import CaptureConfig, TailConfig
-    from pipeline.runtime import tail_options
-    from pipeline.tailer import TailOptions
+    from dblog.app.config import CaptureConfig, TailConfig
+    from dblog.app.runtime import tail_options
+    from dblog.capture import CaptureOptions
+    from dblog.tail import TailOptions
 
     settings = {"batch_max_events": 5000, "batch_max_seconds": 1.5, "poll_seconds": 0.25,
                 "window_expiry_s": 600, "maintain_every_s": 0, "mirror_every_s": 5,
@@ -264,9 +264,9 @@ def test_empty_sections_and_null_settings_keep_the_defaults(
 def test_every_capture_setting_reaches_the_capture() -> None:
     from dataclasses import fields
 
-    from pipeline.capture import CaptureOptions
-    from pipeline.config import CaptureConfig
-    from pipeline.runtime import capture_options
+    from dblog.app.config import CaptureConfig
+    from dblog.app.runtime import capture_options
+    from dblog.capture import CaptureOptions
 
     settings = {"chunk_size": 7, "chunk_max_rows": 70, "chunk_target_seconds": 3.5,
                 "max_in_flight": 2, "read_partitions": 3, "read_partition_rows": 9,
@@ -281,7 +281,7 @@ def test_every_capture_setting_reaches_the_capture() -> None:
 
 
 def test_the_users_jvm_options_are_added_to_dblogs() -> None:
-    from pipeline.spark import C2_THRESHOLDS, JAVA_OPTIONS, spark_conf
+    from dblog.app.spark import C2_THRESHOLDS, JAVA_OPTIONS, spark_conf
 
     ours = spark_conf()[JAVA_OPTIONS]
     assert all(flag in ours for flag in C2_THRESHOLDS)
@@ -301,10 +301,10 @@ def test_healing_is_on_by_default_and_can_only_notify() -> None:
 def test_the_configuration_page_is_the_schemas() -> None:
     """docs/configuration.md is rendered from the schema: a setting added, changed or
     documented there without the page written again fails here."""
-    from pipeline.config_docs import PAGE, render
+    from dblog.app.config_docs import PAGE, render
 
     assert PAGE.read_text() == render(), (
-        "docs/configuration.md differs from the schema: run `python -m pipeline.config_docs`")
+        "docs/configuration.md differs from the schema: run `python -m dblog.app.config_docs`")
     for section in ("source", "tables", "lake", "zookeeper", "tail", "capture", "spark",
                     "repair"):
         assert f"## `{section}`" in render()

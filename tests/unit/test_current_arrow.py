@@ -10,9 +10,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.lake.current import mark_in_history
-from pipeline.lake.current_arrow import _newest_per_key
-from pipeline.lake.types import MIRROR_LSN
+from dblog.lake.current import mark_in_history
+from dblog.lake.current_arrow import _newest_per_key
+from dblog.lake.types import MIRROR_LSN
 
 _rows = st.lists(
     st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.sampled_from(["a", "b"]),

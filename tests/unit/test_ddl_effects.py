@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.events import TableId
-from pipeline.sources.mysql.statements import (
+from dblog.core.events import TableId
+from dblog.sources.mysql.statements import (
     resets_rows,
     rewrites_rows,
     statement_effect,

@@ -13,9 +13,9 @@ from assets.checks import lag_severity
 from assets.definitions import build_definitions
 from assets.naming import TableAssets, safe_name
 from assets.tailer import batch_materializations
-from pipeline.errors import ConfigError
-from pipeline.events import Position, TableId
-from pipeline.tailer import BatchReport
+from dblog.core.errors import ConfigError
+from dblog.core.events import Position, TableId
+from dblog.tail import BatchReport
 
 CONFIG = {
     "source": {"name": "shop-main", "kind": "mariadb", "host": "127.0.0.1", "port": 13306,

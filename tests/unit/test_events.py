@@ -1,4 +1,4 @@
-"""Unit tests for the shared event contract (pipeline.events)."""
+"""Unit tests for the shared event contract (dblog.core.events)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.events import ChangeEvent, Op, Position, TableId, WatermarkEvent, Window
+from dblog.core.events import ChangeEvent, Op, Position, TableId, WatermarkEvent, Window
 
 T = TableId("shop", "orders")
 
@@ -97,7 +97,7 @@ def test_keys_keep_their_types_through_json() -> None:
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from pipeline.events import key_from_json, key_to_json
+    from dblog.core.events import key_from_json, key_to_json
 
     values = st.one_of(
         st.integers(), st.text(), st.binary(), st.decimals(allow_nan=False, allow_infinity=False),

@@ -9,9 +9,9 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chunk_protocol import ChunkDescription
-from pipeline.events import Key, TableId
-from pipeline.sources.base import Column, TableSchema
+from dblog.core.events import Key, TableId
+from dblog.protocol.chunks import ChunkDescription
+from dblog.sources.base import Column, TableSchema
 
 TABLE = TableId("shop", "orders")
 SCHEMA = TableSchema(TABLE, (Column("id", "BIGINT", False, "bigint"),

@@ -7,8 +7,8 @@ import datetime as dt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.events import TableId
-from pipeline.heal import MAX_KEYS, MAX_REASONS, HealRequest, heal_path
+from dblog.core.events import TableId
+from dblog.tail.heal import MAX_KEYS, MAX_REASONS, HealRequest, heal_path
 
 T = TableId("shop", "orders")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import jvm_archive
-from pipeline.paths import jars_dir
-from pipeline.spark import JAVA_OPTIONS, spark_conf
+from dblog.app import jvm_archive
+from dblog.app.paths import jars_dir
+from dblog.app.spark import JAVA_OPTIONS, spark_conf
 
 
 def test_the_archive_is_mapped_only_when_it_exists_and_is_not_turned_off(

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from pyspark.sql import Row
 from pyspark.sql import types as T
 
-from pipeline.events import TableId
-from pipeline.lake.chunks import read_order_offsets
-from pipeline.lake.deltalog import action_rows
-from pipeline.lake.layout import LakeLayout, segment
-from pipeline.lake.sink import fold_survey_groups, table_properties, widens
-from pipeline.lake.types import coerce, name_apart, needs_coercion
+from dblog.core.events import TableId
+from dblog.lake.chunks import read_order_offsets
+from dblog.lake.deltalog import action_rows
+from dblog.lake.layout import LakeLayout, segment
+from dblog.lake.sink import fold_survey_groups, table_properties, widens
+from dblog.lake.types import coerce, name_apart, needs_coercion
 
 
 def test_dates_become_midnight_for_timestamp_columns() -> None:
@@ -166,7 +166,7 @@ def test_timestamp_bounds_never_go_through_local_time() -> None:
 
     import pytest
 
-    from pipeline.lake.sink import epoch_micros
+    from dblog.lake.sink import epoch_micros
 
     second = dt.datetime(2026, 11, 1, 6, 30, tzinfo=dt.UTC)  # 01:30 in New York, twice
     assert epoch_micros(second) == 1_793_514_600_000_000

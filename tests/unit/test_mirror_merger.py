@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.events import Position, TableId
-from pipeline.mirror import BEHIND_LAG_S, MirrorMerger, behind_the_log, mirror_due
-from pipeline.state import PositionState
+from dblog.core.events import Position, TableId
+from dblog.state import PositionState
+from dblog.tail.mirror import BEHIND_LAG_S, MirrorMerger, behind_the_log, mirror_due
 
 A, B, C = TableId("d", "a"), TableId("d", "b"), TableId("d", "c")
 

@@ -8,15 +8,15 @@ import datetime as dt
 
 import pytest
 
-from pipeline.events import ChangeEvent, Op, Position, TableId
-from pipeline.sources.base import Column, TableSchema, Transaction
-from pipeline.sources.mysql.checks import (
+from dblog.core.events import ChangeEvent, Op, Position, TableId
+from dblog.sources.base import Column, TableSchema, Transaction
+from dblog.sources.mysql.checks import (
     check_server_variables,
     check_temporal_key,
     null_key_problem,
     zero_date_loopholes,
 )
-from pipeline.sources.mysql.types import SourceType, spark_orders_like_source
+from dblog.sources.mysql.types import SourceType, spark_orders_like_source
 
 GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
         "binlog_row_metadata": "FULL"}

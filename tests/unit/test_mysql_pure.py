@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.errors import ConfigError
-from pipeline.events import TableId
-from pipeline.sources.base import ChunkSpec, Column, TableSchema
-from pipeline.sources.mysql import MySqlDialect, MySqlSettings
-from pipeline.sources.mysql.binlog import binlog_file_index, native_position
-from pipeline.sources.mysql.checks import check_privileges, check_server_variables
-from pipeline.sources.mysql.snapshot import build_chunk_sql, source_type_of
-from pipeline.sources.mysql.sqltext import literal, quote_ident
-from pipeline.sources.mysql.statements import ddl_targets
-from pipeline.sources.mysql.types import (
+from dblog.core.errors import ConfigError
+from dblog.core.events import TableId
+from dblog.sources.base import ChunkSpec, Column, TableSchema
+from dblog.sources.mysql import MySqlDialect, MySqlSettings
+from dblog.sources.mysql.binlog import binlog_file_index, native_position
+from dblog.sources.mysql.checks import check_privileges, check_server_variables
+from dblog.sources.mysql.snapshot import build_chunk_sql, source_type_of
+from dblog.sources.mysql.sqltext import literal, quote_ident
+from dblog.sources.mysql.statements import ddl_targets
+from dblog.sources.mysql.types import (
     SourceType,
     binlog_converter,
     fix_negative_time2,
@@ -134,7 +134,7 @@ def test_type_mapping_round_trips(source: str, spark: str) -> None:
 
 
 def test_information_schema_rows() -> None:
-    from pipeline.sources.mysql.types import from_information_schema
+    from dblog.sources.mysql.types import from_information_schema
 
     def row(data_type: str, column_type: str, **kw: Any) -> dict[str, Any]:
         return {"DATA_TYPE": data_type, "COLUMN_TYPE": column_type} | kw
@@ -312,8 +312,8 @@ def test_ddl_targets(sql: str, tables: list[tuple[str, str]], dbs: list[str]) ->
 def test_a_replica_with_the_same_server_id_is_named_with_its_fix() -> None:
     import pymysql
 
-    from pipeline.errors import SourceError, SourceUnavailable
-    from pipeline.sources.mysql.connection import translate
+    from dblog.core.errors import SourceError, SourceUnavailable
+    from dblog.sources.mysql.connection import translate
 
     settings = MySqlSettings("main", "127.0.0.1", 13306, "dblog", "pw", server_id=7001)
     error = translate(pymysql.err.OperationalError(

@@ -1,4 +1,4 @@
-"""Telling an outage from a failure (``pipeline.outage``), and riding one out."""
+"""Telling an outage from a failure (``dblog.core.outage``), and riding one out."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import SourceError, SourceUnavailable
-from pipeline.outage import ride_out, unreachable
-from pipeline.state import StateUnavailable
+from dblog.core.errors import SourceError, SourceUnavailable
+from dblog.core.outage import ride_out, unreachable
+from dblog.state import StateUnavailable
 
 
 class JavaError:
@@ -104,7 +104,7 @@ def test_ride_out_gives_up_with_what_to_do_and_never_retries_a_failure() -> None
 
 
 def test_a_wait_for_the_tailer_rides_out_a_zookeeper_outage() -> None:
-    from pipeline.runtime import Runtime
+    from dblog.app.runtime import Runtime
 
     answers = iter([StateUnavailable("ZooKeeper unavailable during get position"),
                     StateUnavailable("ZooKeeper unavailable during get position"), False, True])
@@ -121,8 +121,8 @@ def test_a_wait_for_the_tailer_rides_out_a_zookeeper_outage() -> None:
 
 
 def test_a_wait_that_times_out_in_an_outage_says_so() -> None:
-    from pipeline.errors import DblogError
-    from pipeline.runtime import Runtime
+    from dblog.app.runtime import Runtime
+    from dblog.core.errors import DblogError
 
     def done() -> bool:
         raise StateUnavailable("ZooKeeper unavailable during get position: ConnectionLoss")

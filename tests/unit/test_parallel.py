@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.parallel import run_at_once
+from dblog.capture.parallel import run_at_once
 
 
 class Tracker:

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.errors import ConfigError, SourceError
-from pipeline.sources.postgres import pgoutput as po
-from pipeline.sources.postgres import replication as rp
-from pipeline.sources.postgres.sqltext import literal, quote_ident
-from pipeline.sources.postgres.types import (
+from dblog.core.errors import ConfigError, SourceError
+from dblog.sources.postgres import pgoutput as po
+from dblog.sources.postgres import replication as rp
+from dblog.sources.postgres.sqltext import literal, quote_ident
+from dblog.sources.postgres.types import (
     NUMERIC,
     canonical_type,
     converter,
@@ -138,9 +138,9 @@ def test_string_literals_are_letters_digits_and_unicode_escapes(value: str) -> N
 
 
 def test_a_chunk_select_has_a_limit_unless_planned() -> None:
-    from pipeline.events import TableId
-    from pipeline.sources.base import ChunkSpec, Column, TableSchema
-    from pipeline.sources.postgres.snapshot import build_chunk_sql
+    from dblog.core.events import TableId
+    from dblog.sources.base import ChunkSpec, Column, TableSchema
+    from dblog.sources.postgres.snapshot import build_chunk_sql
 
     table = TableId("public", "t")
     schema = TableSchema(table, (Column("a", "INT", False, "integer"),), ("a",))

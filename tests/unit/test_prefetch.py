@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.events import Position
-from pipeline.prefetch import PrefetchingReader
-from pipeline.sources.base import Transaction
+from dblog.core.events import Position
+from dblog.sources.base import Transaction
+from dblog.tail.prefetch import PrefetchingReader
 
 
 def tx(n: int) -> Transaction:

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chunking import KeyRange
-from pipeline.errors import ConfigError
-from pipeline.events import Key
-from pipeline.ranges import key_ranges, parse_range_name, plan_more, range_name
+from dblog.core.chunking import KeyRange
+from dblog.core.errors import ConfigError
+from dblog.core.events import Key
+from dblog.core.ranges import key_ranges, parse_range_name, plan_more, range_name
 
 INVALID = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")
 

@@ -11,10 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chunking import KeyRange
-from pipeline.events import Key, TableId
-from pipeline.ranges import key_ranges, plan_more
-from pipeline.rolling import (
+from dblog.app.rolling import (
     Cursor,
     FixedWalk,
     Pacer,
@@ -25,6 +22,9 @@ from pipeline.rolling import (
     every_range,
     place_path,
 )
+from dblog.core.chunking import KeyRange
+from dblog.core.events import Key, TableId
+from dblog.core.ranges import key_ranges, plan_more
 
 TABLE = TableId("shop", "orders")
 

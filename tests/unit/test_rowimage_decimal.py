@@ -8,7 +8,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.sources.mysql.rowimage import _decimal_layout, _read_decimal
+from dblog.sources.mysql.rowimage import _decimal_layout, _read_decimal
 
 _GROUP_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 

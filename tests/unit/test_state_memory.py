@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import LeadershipLost
-from pipeline.events import Position
-from pipeline.state import PositionState, StateStore, StateUnavailable
-from pipeline.state.memory import MemoryBackend, MemoryServer
+from dblog.core.errors import LeadershipLost
+from dblog.core.events import Position
+from dblog.state import PositionState, StateStore, StateUnavailable
+from dblog.state.memory import MemoryBackend, MemoryServer
 from tests.state_contract import *  # noqa: F403 - the contract's cases run here too
 from tests.state_contract import MemoryCluster
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.throttle import RowRate
+from dblog.capture.throttle import RowRate
 
 
 class FakeClock:

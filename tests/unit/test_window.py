@@ -1,4 +1,4 @@
-"""Unit tests for the watermark window processor (pipeline.window)."""
+"""Unit tests for the watermark window processor (dblog.core.window)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from pipeline.events import ChangeEvent, Key, Op, Position, Row, TableId, WatermarkEvent, Window
-from pipeline.window import (
+from dblog.core.events import ChangeEvent, Key, Op, Position, Row, TableId, WatermarkEvent, Window
+from dblog.core.window import (
     HW_WITHOUT_LW,
     ChunkEmission,
     Output,

@@ -36,8 +36,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.events import ChangeEvent, Key, Op, Position, Row, TableId, WatermarkEvent, Window
-from pipeline.window import (
+from dblog.core.events import ChangeEvent, Key, Op, Position, Row, TableId, WatermarkEvent, Window
+from dblog.core.window import (
     ChunkEmission,
     Output,
     UnknownWatermark,
