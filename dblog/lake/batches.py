@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from dblog.core.chunking import KeyRange
 from dblog.core.events import ChangeEvent, Position, TableId
 from dblog.core.window import ChunkEmission
-from dblog.state.handoff import ChunkFiles
+from dblog.protocol.chunks import ChunkFiles
 
 
 @dataclass(frozen=True)

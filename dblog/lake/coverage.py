@@ -23,8 +23,8 @@ from dblog.lake.mirror_progress import MirrorProgress
 from dblog.lake.predicates import commit_time, key_range_predicate, maybe_in
 from dblog.lake.tables import LakeTables
 from dblog.lake.types import ATTEMPT_COLUMN, WINDOW_COLUMN, quote_ident, spark_type, struct_of
+from dblog.protocol.chunks import ChunkFiles
 from dblog.sources.base import Column
-from dblog.state.handoff import ChunkFiles
 
 
 class CoverageDeletes:

@@ -3,7 +3,7 @@
 The mirror's MERGE carries Delta's idempotent-write markers (``txnAppId`` = the source,
 ``txnVersion`` = the batch). The writer's idempotent-DML settings live in its own session
 (the mirror merger's), set only around its MERGE. The merger runs in a thread of its own
-(:mod:`dblog.tail.mirror`); the mirror lock keeps ALTERs and compactions of the mirror away
+(:mod:`dblog.tail.merger`); the mirror lock keeps ALTERs and compactions of the mirror away
 from a running MERGE.
 """
 
@@ -53,7 +53,7 @@ def _metadata_json(metadata: Mapping[str, Any]) -> str:
 
 class MirrorMerge:
     """Merges the changelog rows a table's mirror lacks into it (called through the sink,
-    from the tailer or the mirror merger's thread, :class:`dblog.tail.mirror.MirrorMerger`)."""
+    from the tailer or the mirror merger's thread, :class:`dblog.tail.merger.MirrorMerger`)."""
 
     def __init__(self, mirror_spark: SparkSession, layout: LakeLayout, tables: LakeTables,
                  progress: MirrorProgress, mirror_lock: threading.RLock, app_id: str) -> None:

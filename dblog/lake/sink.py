@@ -97,7 +97,7 @@ class DeltaSink:
         # Sessions with their own SQL conf: the mirror's MERGE sets Delta's idempotent-DML
         # markers (session settings), which nothing else may see.
         self.spark = spark.newSession()
-        # The mirror merges in a thread of its own (dblog.tail.mirror), with its own session
+        # The mirror merges in a thread of its own (dblog.tail.merger), with its own session
         # for its idempotent-DML settings; the lock keeps ALTERs and compactions of the
         # mirror away from a running MERGE.
         self._mirror_spark = spark.newSession()

@@ -1,5 +1,5 @@
 """The mirror follows the changelog: when the batches the mirrors lack are merged into them
-(in a thread of their own, :class:`~dblog.tail.mirror.MirrorMerger`), and the compaction of
+(in a thread of their own, :class:`~dblog.tail.merger.MirrorMerger`), and the compaction of
 the tables' files between batches."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dblog.core.events import TableId
 from dblog.core.faults import crash_point
 from dblog.lake.sink import DeltaSink
 from dblog.state import PositionState, StateStore, Versioned
-from dblog.tail.mirror import MirrorMerger, behind_the_log, mirror_due
+from dblog.tail.merger import MirrorMerger, behind_the_log, mirror_due
 from dblog.tail.options import BatchReport, TailOptions, TailSummary
 from dblog.tail.windows import WindowBook
 

@@ -33,7 +33,7 @@ class TailOptions:
     when a run ends (0: after every batch)."""
     mirror_every_s_behind: float = TAIL_DEFAULTS.mirror_every_s_behind
     """...or this often (if longer) while the tailer is behind the log: the last
-    transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`dblog.tail.mirror`)..."""
+    transaction it wrote committed over ``BEHIND_LAG_S`` ago (:mod:`dblog.tail.merger`)..."""
     mirror_every_s_capturing: float = TAIL_DEFAULTS.mirror_every_s_capturing
     """...or this often (if longer) while a capture's chunk window is open (held by the
     tailer or registered in ZooKeeper)."""

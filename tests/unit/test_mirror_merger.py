@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dblog.core.events import Position, TableId
 from dblog.state import PositionState
-from dblog.tail.mirror import BEHIND_LAG_S, MirrorMerger, behind_the_log, mirror_due
+from dblog.tail.merger import BEHIND_LAG_S, MirrorMerger, behind_the_log, mirror_due
 
 A, B, C = TableId("d", "a"), TableId("d", "b"), TableId("d", "c")
 

@@ -13,10 +13,11 @@ from dblog.sources.base import FETCH_ROWS, ChunkSpec, Column, SourceDialect, Tab
 from dblog.sources.mysql import temporal_numbers
 from dblog.sources.mysql.sqltext import literal, quote_ident, quote_table
 from dblog.sources.mysql.types import TEMPORAL_TYPES, SourceType
+from dblog.sources.spark_types import spark_data_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 
@@ -198,16 +199,6 @@ def read_max_key(
     sql = max_key_sql(schema, after_key)
     df = spark.read.format("jdbc").options(**dialect.jdbc_options(), query=sql).load()
     return _canonical(df, tuple(schema.column(k) for k in schema.key), schema.table)
-
-
-def spark_data_type(spark_type: str) -> DataType:
-    """The pyspark DataType of a canonical type name."""
-    from dblog.lake.types import spark_type as canonical
-
-    try:
-        return canonical(spark_type)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def spark_schema(schema: TableSchema) -> StructType:

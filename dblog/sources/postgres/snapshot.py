@@ -98,7 +98,7 @@ def canonical_frame(df: DataFrame, columns: Sequence[Column]) -> DataFrame:
     """A JDBC result (columns in select order) cast to the canonical types and names."""
     from pyspark.sql import functions as F
 
-    from dblog.sources.mysql.snapshot import spark_data_type
+    from dblog.sources.spark_types import spark_data_type
 
     temp = [f"_c{i}" for i in range(len(df.columns))]
     df = df.toDF(*temp)
