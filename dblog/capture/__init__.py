@@ -26,7 +26,6 @@ from dblog.capture.options import (
     CaptureOptions,
     CaptureRequest,
     RangeReport,
-    bounds_path,
     plan_request,
     range_id_for,
 )
@@ -41,6 +40,7 @@ from dblog.capture.rows import (
     summary_frame,
 )
 from dblog.capture.writer import ChunkWriter
+from dblog.protocol.paths import bounds_path
 
 __all__ = [
     "LOOK_S",

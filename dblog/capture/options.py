@@ -92,11 +92,6 @@ def range_id_for(table: TableId, index: int) -> str:
     return f"{digest}-{index:05d}"
 
 
-def bounds_path(capture_id: str, range_id: str) -> str:
-    """Where a range notes that its upper bound was fixed (and to what)."""
-    return f"captures/{capture_id}/bounds/{range_id}"
-
-
 def plan_request(tables: Sequence[str], keys: Sequence[str] | None, where: str | None
                  ) -> CaptureRequest:
     """Build a request from CLI-style strings (keys as comma-separated values per key)."""

@@ -11,13 +11,14 @@ from functools import partial
 from typing import cast
 
 from dblog.capture.chunk import ChunkSteps
-from dblog.capture.options import RangeReport, bounds_path
+from dblog.capture.options import RangeReport
 from dblog.capture.rows import first_key
 from dblog.capture.windows import WindowSettling
 from dblog.capture.writer import ChunkWriter, PinnedFiles
 from dblog.core.chunking import next_chunk_rows
 from dblog.core.errors import DblogError, StateConflict
 from dblog.core.events import Key, key_from_json, key_to_json
+from dblog.protocol.paths import bounds_path
 from dblog.sources.base import TableSchema
 from dblog.state import RangeProgress
 

@@ -24,6 +24,7 @@ written against the storage protocol of :mod:`~dblog.state.backend`, which
 tests) implement.
 """
 
+from dblog.protocol.paths import BATCH_INTENT, TAILER_LOCK
 from dblog.state.backend import StateUnavailable
 from dblog.state.documents import (
     ABSENT,
@@ -42,8 +43,7 @@ from dblog.state.documents import (
     WindowUpdate,
 )
 from dblog.state.signals import ChangeSignal, Lookout
-from dblog.state.store import BATCH_INTENT, StateStore
-from dblog.state.tree import TAILER_LOCK
+from dblog.state.store import StateStore
 
 __all__ = [
     "ABSENT",

@@ -33,6 +33,7 @@ from dblog.protocol.chunks import (
     columns_from_json,
     columns_to_json,
 )
+from dblog.protocol.paths import CHUNKS, chunk_path
 from dblog.state import ChangeSignal, StateStore
 
 __all__ = [
@@ -56,15 +57,8 @@ __all__ = [
     "write_pin",
 ]
 
-CHUNKS = "chunks"
-"""ZooKeeper folder where a capture describes each chunk before its high watermark."""
 KEYS_PART_BYTES = 400_000
 """At most this much JSON of dropped keys per znode (ZooKeeper's limit is 1 MB)."""
-
-
-def chunk_path(window_id: str) -> str:
-    """The chunk description of ``window_id`` (the handoff's nodes are its children)."""
-    return f"{CHUNKS}/{window_id}"
 
 
 def describe_chunk(state: StateStore, window_id: str, description: ChunkDescription) -> None:

@@ -11,6 +11,15 @@ from kazoo.client import KazooClient
 
 from dblog.core.errors import StateConflict
 from dblog.core.events import TableId, Window
+from dblog.protocol.paths import (  # noqa: E402, F401  # noqa: E402
+    BATCH_INTENT,
+    CAPTURES,
+    POSITION,
+    WINDOWS,
+    capture_path,
+    range_path,
+    window_path,
+)
 from dblog.state.backend import (
     Check,
     Create,
@@ -42,11 +51,6 @@ from dblog.state.documents import (
 from dblog.state.signals import ChangeSignal
 from dblog.state.tree import StateTree, check_name, raise_tx_failure, state_errors
 from dblog.state.zookeeper import ZooKeeperBackend
-
-POSITION = "position"
-BATCH_INTENT = "batch-intent"
-WINDOWS = "windows"
-CAPTURES = "captures"
 
 T = TypeVar("T")
 
@@ -369,17 +373,18 @@ class StateStore(StateTree):
 
 def _window_path(window_id: str) -> str:
     check_name(window_id, "window id")
-    return f"{WINDOWS}/{window_id}"
+    return window_path(window_id)
 
 
 def _capture_path(capture_id: str) -> str:
     check_name(capture_id, "capture id")
-    return f"{CAPTURES}/{capture_id}"
+    return capture_path(capture_id)
 
 
 def _range_path(capture_id: str, range_id: str) -> str:
     check_name(range_id, "range id")
-    return f"{_capture_path(capture_id)}/ranges/{range_id}"
+    _capture_path(capture_id)
+    return range_path(capture_id, range_id)
 
 
 def _version(result: OpResult) -> int:

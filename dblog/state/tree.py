@@ -36,7 +36,7 @@ from dblog.state.signals import ChangeSignal
 
 log = logging.getLogger("dblog.state")
 
-TAILER_LOCK = "tailer-lock"
+from dblog.protocol.paths import TAILER_LOCK  # noqa: E402
 
 _NAME_RE = re.compile(r"[\w.:@=+-]+")  # \w: Unicode letters, digits, underscore
 

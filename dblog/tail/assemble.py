@@ -4,7 +4,6 @@ handled on the way."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from typing import Any
 
 from dblog.core.events import ChangeEvent, TableId, WatermarkEvent
 from dblog.core.window import ChunkEmission, UnknownWatermark, WindowAborted
+from dblog.protocol.paths import NOTICES, notice_path
 from dblog.sources.base import SchemaChange, Transaction, UnloggedChange
 from dblog.state import StateStore, WindowUpdate
 from dblog.tail.batch import Pending
@@ -22,16 +22,6 @@ from dblog.tail.windows import WindowBook
 __all__ = ["NOTICES", "Assembler", "notice_path"]
 
 log = logging.getLogger("dblog.tail")  # one logger for the tailer, as operators know it
-
-NOTICES = "notices"
-"""ZooKeeper folder of per-table notices (a DDL that may have rewritten rows)."""
-
-
-def notice_path(table: TableId) -> str:
-    """Where the notice about ``table`` is kept (a name ZooKeeper accepts for any table)."""
-    digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:16]
-    return f"{NOTICES}/{digest}"
-
 
 class Assembler:
     """Feeds transactions of the tracked tables to the window processor and puts what comes

@@ -17,7 +17,6 @@ table is healed again.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dblog.core.errors import DblogError, StateConflict
 from dblog.core.events import Key, TableId, key_from_json, key_to_json
+from dblog.protocol.paths import HEALS, heal_path
 
 if TYPE_CHECKING:
     from dblog.capture import Capturer
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEALS = "heals"
-"""ZooKeeper folder of heal requests, one per table."""
 MAX_KEYS = 2000
 """A request naming more keys heals the whole table instead (ZooKeeper documents stay
 small, and a capture of that many keys is no cheaper than a table's)."""
@@ -43,12 +41,6 @@ MAX_REASONS = 5
 """How many of the latest reasons a request keeps."""
 RETRY_S = 30.0
 """How long a heal that failed waits before it is tried again."""
-
-
-def heal_path(table: TableId) -> str:
-    """Where ``table``'s heal request is kept (a name ZooKeeper accepts for any table)."""
-    digest = hashlib.sha1(f"{table.database}\0{table.table}".encode()).hexdigest()[:16]
-    return f"{HEALS}/{digest}"
 
 
 @dataclass(frozen=True)

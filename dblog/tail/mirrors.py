@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dblog.core.events import TableId
 from dblog.core.faults import crash_point
 from dblog.lake.sink import DeltaSink
+from dblog.protocol.paths import MIRROR_DOC
 from dblog.state import PositionState, StateStore, Versioned
 from dblog.tail.merger import MirrorMerger, behind_the_log, mirror_due
 from dblog.tail.options import BatchReport, TailOptions, TailSummary
@@ -24,8 +25,6 @@ CAPTURE_GAP_S = 5.0
 """For the mirror, a capture goes on for this long after the tailer settled one of its
 windows, while ZooKeeper says it runs: its next chunk is being planned, or it waits for
 its chunks' emission before it selects more (:meth:`MirrorSchedule.capturing`)."""
-MIRROR_DOC = "mirror"
-"""ZooKeeper document: the committed position every mirror has merged through."""
 
 
 class MirrorSchedule:
