@@ -104,7 +104,7 @@ def chromium(url: str, screenshot: Path, budget_ms: int = 20000, *,
              showing: Sequence[str] = (), loads: int = 3) -> str:
     """The page's DOM after its scripts ran, and a screenshot of it. A page that does not
     show every text of ``showing`` yet (on a busy machine the webserver can take longer than
-    the time budget to load the code location: "Loading assets.location...") is
+    the time budget to load the code location: "Loading dblog...") is
     loaded again, as a person would, up to ``loads`` times; the last load is returned."""
     browser = shutil.which("chromium")
     assert browser, "chromium is not installed (make setup installs it)"
@@ -235,7 +235,7 @@ def test_backfill_from_the_ui_and_what_a_person_sees(
     for group in (accounts.group, orders.group):  # one group per table, with its health
         assert group in dom, group
     table_lineage = ARTIFACTS / "table-lineage.png"
-    dom = chromium(f"{server.url}/locations/assets.location/asset-groups/"
+    dom = chromium(f"{server.url}/locations/dblog/asset-groups/"
                    f"{accounts.group}/lineage", table_lineage,
                    showing=("source", "full_state", "changelog", "mirror", "100% filled"))
     for name in ("source", "full_state", "changelog", "mirror"):
