@@ -382,8 +382,8 @@ def _capture_path(capture_id: str) -> str:
 
 
 def _range_path(capture_id: str, range_id: str) -> str:
+    check_name(capture_id, "capture id")
     check_name(range_id, "range id")
-    _capture_path(capture_id)
     return range_path(capture_id, range_id)
 
 

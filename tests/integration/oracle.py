@@ -28,6 +28,7 @@ from dblog.core.events import TableId
 from dblog.lake.sink import DeltaSink
 from dblog.lake.types import META_COLUMNS
 from dblog.sources.base import SourceDialect
+from tests.integration.checks import normalize
 
 Key = tuple[Any, ...]
 Rows = dict[Key, dict[str, Any]]
@@ -181,7 +182,7 @@ def _normal(value: Any, lake_type: T.DataType, like: type | None = None) -> Any:
     if isinstance(lake_type, T.FloatType) and isinstance(value, float | int | Decimal):
         return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     if isinstance(value, Decimal):
-        return _number(value)
+        return normalize(value)
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             return value.astimezone(dt.UTC).replace(tzinfo=None)
@@ -213,13 +214,6 @@ def _pg_array(text: str) -> list[str | None]:
     return out
 
 
-def _number(value: Decimal) -> Any:
-    """Integral DECIMAL(20,0) (unsigned BIGINT) compares equal to the int it holds."""
-    if value == value.to_integral_value() and value.as_tuple().exponent == 0:
-        return int(value)
-    return value
-
-
 _DURATION = re.compile(r"P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)D)?"
                        r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?[\d.]+)S)?)?")
 
@@ -249,5 +243,5 @@ def _text(value: str, like: type | None) -> Any:
         return dt.time.fromisoformat(value)
     if issubclass(like, Decimal | int | float):
         number = Decimal(value)
-        return "NaN" if number.is_nan() else _number(number)
+        return "NaN" if number.is_nan() else normalize(number)
     return value
